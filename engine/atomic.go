@@ -1,0 +1,186 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Atomic runs fn as the phase called name, inside a transaction that also
+// writes the phase's journal row and moves the run's recovery point, fenced
+// by the lease token: fn's writes commit if and only if the phase does.
+//
+// On a resumed run whose journal already holds the phase, fn does not run
+// and the journaled output is returned. If fn returns an error, the
+// transaction rolls back, the recovery point stays, and the error is
+// returned for the workflow to handle or return.
+//
+// Phases of one run are called one after another, never concurrently, and
+// in the same order on every execution; names are unique within a run.
+func Atomic[T any](ctx context.Context, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (T, error) {
+	var zero T
+	ex, err := executionFrom(ctx)
+	if err != nil {
+		return zero, err
+	}
+	memo, seq, err := ex.enter(name)
+	if err != nil {
+		return zero, err
+	}
+	ctx, end := ex.c.cfg.Hooks.Phase(ctx, ex.phaseInfo(name, KindAtomic, seq, memo != nil, ""))
+	out, err := func() (T, error) {
+		defer ex.leave()
+		if memo != nil {
+			return decodeOutput[T](memo)
+		}
+		return runAtomic(ctx, ex, seq, name, fn)
+	}()
+	end(err)
+	return out, err
+}
+
+func runAtomic[T any](ctx context.Context, ex *execution, seq int, name string, fn func(context.Context, pgx.Tx) (T, error)) (T, error) {
+	var zero T
+	tx, err := ex.c.pool.Begin(ctx)
+	if err != nil {
+		return zero, fmt.Errorf("engine: phase %q: begin: %w", name, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	out, err := fn(ctx, tx)
+	if err != nil {
+		return zero, err
+	}
+	raw, err := json.Marshal(out)
+	if err != nil {
+		return zero, Permanent("invalid_output", fmt.Errorf("phase %q: encode output: %w", name, err))
+	}
+	if err := ex.commitPhase(ctx, tx, phaseRecord{seq: seq, name: name, kind: KindAtomic, output: raw, attempts: 1}); err != nil {
+		return zero, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return zero, ex.breakOff(fmt.Errorf("engine: phase %q: commit: %w", name, err))
+	}
+	ex.committed(name)
+	return out, nil
+}
+
+func decodeOutput[T any](p *Phase) (T, error) {
+	var out T
+	if err := json.Unmarshal(p.Output, &out); err != nil {
+		return out, Permanent("invalid_output", fmt.Errorf("phase %q: decode journaled output: %w", p.Name, err))
+	}
+	return out, nil
+}
+
+// phaseRecord is a journal row to write.
+type phaseRecord struct {
+	seq       int
+	name      string
+	kind      PhaseKind
+	output    []byte
+	childKey  *string
+	attempts  int
+	err       *RunError
+	startedAt *time.Time // nil: the transaction's start
+}
+
+// commitPhaseSQL writes a journal row and advances the recovery point in one
+// statement, fenced by the lease token: when the token no longer matches,
+// the UPDATE matches nothing, the INSERT selects nothing, and no row changes.
+const commitPhaseSQL = `
+WITH advanced AS (
+	UPDATE ratchet.runs SET recovery_point = $3, updated_at = now()
+	WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
+	RETURNING id
+)
+INSERT INTO ratchet.phases (run_id, seq, name, kind, output, child_key, attempts, error, started_at, finished_at)
+SELECT id, $4, $3, $5, $6, $7, $8, $9, coalesce($10, now()), clock_timestamp() FROM advanced`
+
+// commitPhase runs commitPhaseSQL on db (the phase's transaction, or the
+// pool for a step). Zero rows means the lease was lost: the execution is
+// cancelled and the caller must roll back.
+func (ex *execution) commitPhase(ctx context.Context, db dbtx, p phaseRecord) error {
+	tag, err := db.Exec(ctx, commitPhaseSQL,
+		ex.run.ID, ex.run.LeaseToken, p.name, p.seq, p.kind, p.output, p.childKey, p.attempts, p.err, p.startedAt)
+	if err != nil {
+		return ex.breakOff(fmt.Errorf("engine: phase %q: commit journal: %w", p.name, err))
+	}
+	if tag.RowsAffected() == 0 {
+		return ex.leaseLost(ctx)
+	}
+	return nil
+}
+
+// enter reserves the next journal position for phase name. It returns the
+// journaled phase when the position is already committed (memo), and fails
+// the run when the name contradicts the journal.
+func (ex *execution) enter(name string) (memo *Phase, seq int, err error) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	switch {
+	case ex.fatal != nil:
+		return nil, 0, ex.fatal
+	case ex.broken != nil:
+		return nil, 0, ex.broken
+	case ex.inPhase:
+		ex.fatal = &phaseUsageError{code: CodeInvalidPhase, msg: fmt.Sprintf("phase %q called while another phase of the run is in progress: phases must run one after another", name)}
+		return nil, 0, ex.fatal
+	case name == "" || !utf8.ValidString(name) || utf8.RuneCountInString(name) > 255:
+		ex.fatal = &phaseUsageError{code: CodeInvalidPhase, msg: fmt.Sprintf("phase name %q: want 1..255 characters of UTF-8", name)}
+		return nil, 0, ex.fatal
+	}
+	seq = ex.next
+	if seq < len(ex.journal) {
+		j := &ex.journal[seq]
+		if j.Name != name {
+			ex.fatal = &NonDeterminismError{Seq: seq, Journaled: j.Name, Called: name}
+			return nil, 0, ex.fatal
+		}
+		ex.next++
+		ex.used[name] = true
+		ex.inPhase = true
+		return j, seq, nil
+	}
+	if ex.used[name] {
+		ex.fatal = &phaseUsageError{code: CodeDuplicatePhase, msg: fmt.Sprintf("phase name %q used twice in one run", name)}
+		return nil, 0, ex.fatal
+	}
+	ex.inPhase = true
+	return nil, seq, nil
+}
+
+// committed records that the phase entered last is in the journal.
+func (ex *execution) committed(name string) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	ex.next++
+	ex.used[name] = true
+}
+
+func (ex *execution) leave() {
+	ex.mu.Lock()
+	ex.inPhase = false
+	ex.mu.Unlock()
+}
+
+// breakOff marks the execution as unable to continue safely and returns err.
+func (ex *execution) breakOff(err error) error {
+	ex.mu.Lock()
+	if ex.broken == nil {
+		ex.broken = err
+	}
+	ex.mu.Unlock()
+	return err
+}
+
+func (ex *execution) phaseInfo(name string, kind PhaseKind, seq int, replayed bool, childKey string) PhaseInfo {
+	return PhaseInfo{
+		RunID: ex.run.ID, Workflow: ex.run.Workflow, Name: name, Kind: kind, Seq: seq,
+		LeaseToken: ex.run.LeaseToken, Attempt: ex.run.Attempt, Replayed: replayed, ChildKey: childKey,
+	}
+}

@@ -1,0 +1,136 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/oklog/ulid/v2"
+)
+
+// Defaults for Config.
+const (
+	DefaultStaleAfter = 30 * time.Second
+	DefaultTenant     = "default"
+)
+
+// Config configures a Client. The zero value of every field selects its
+// documented default.
+type Config struct {
+	// Workflows is the registry of workflows this client can run. Required.
+	Workflows *Workflows
+
+	// ID names this client as a lease owner in the runs it executes.
+	// Defaults to "<hostname>:<pid>:<random>".
+	ID string
+
+	// StaleAfter is the lease length: a run whose executor has not
+	// heartbeated for this long may be taken over by another. Defaults to
+	// DefaultStaleAfter (30s).
+	StaleAfter time.Duration
+
+	// HeartbeatInterval is how often a live executor extends its lease.
+	// Defaults to StaleAfter/3. Must be shorter than StaleAfter.
+	HeartbeatInterval time.Duration
+
+	// RetryBackoff returns how long to wait before executing a run again
+	// after its attempt-th execution failed with a retryable error.
+	// Defaults to DefaultRetryBackoff.
+	RetryBackoff func(attempt int) time.Duration
+
+	// Hooks observe run and phase boundaries, e.g. for tracing. Defaults to
+	// none.
+	Hooks Hooks
+
+	// Logger receives the engine's logs. Defaults to discarding them.
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with every unset field at its default.
+func (c *Config) WithDefaults() *Config {
+	out := *c
+	if out.ID == "" {
+		host, _ := os.Hostname()
+		out.ID = host + ":" + strconv.Itoa(os.Getpid()) + ":" + ulid.Make().String()[20:]
+	}
+	if out.StaleAfter == 0 {
+		out.StaleAfter = DefaultStaleAfter
+	}
+	if out.HeartbeatInterval == 0 {
+		out.HeartbeatInterval = out.StaleAfter / 3
+	}
+	if out.RetryBackoff == nil {
+		out.RetryBackoff = DefaultRetryBackoff
+	}
+	if out.Hooks == nil {
+		out.Hooks = noHooks{}
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &out
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Workflows == nil:
+		return errors.New("engine: Config.Workflows is required")
+	case c.StaleAfter < 100*time.Millisecond:
+		return fmt.Errorf("engine: Config.StaleAfter %s is shorter than 100ms", c.StaleAfter)
+	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.StaleAfter:
+		return fmt.Errorf("engine: Config.HeartbeatInterval %s must be positive and shorter than StaleAfter %s", c.HeartbeatInterval, c.StaleAfter)
+	case len(c.ID) > 255:
+		return errors.New("engine: Config.ID is longer than 255 bytes")
+	}
+	return nil
+}
+
+// DefaultRetryBackoff waits 1s after the first failed execution, doubling
+// up to 5 minutes, with ±20% jitter so that runs failed together do not
+// retry together.
+func DefaultRetryBackoff(attempt int) time.Duration {
+	const base, limit = time.Second, 5 * time.Minute
+	d := limit
+	if attempt < 20 {
+		d = min(base<<max(attempt-1, 0), limit)
+	}
+	jitter := time.Duration((rand.Float64()*0.4 - 0.2) * float64(d))
+	return d + jitter
+}
+
+// Client starts, executes and resumes runs. It is safe for concurrent use.
+// Several clients, in one process or many, may share a database.
+type Client struct {
+	pool      *pgxpool.Pool
+	cfg       *Config
+	workflows *Workflows
+	logger    *slog.Logger
+}
+
+// NewClient returns a client that uses pool. It does no I/O: the database
+// must already be migrated (see package migrations).
+func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
+	if pool == nil {
+		return nil, errors.New("engine: nil pool")
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Client{pool: pool, cfg: cfg, workflows: cfg.Workflows, logger: cfg.Logger}, nil
+}
+
+// ID returns the lease owner name of this client.
+func (c *Client) ID() string { return c.cfg.ID }
+
+// Pool returns the pool the client uses.
+func (c *Client) Pool() *pgxpool.Pool { return c.pool }

@@ -1,0 +1,158 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+var (
+	// ErrLeaseLost means another executor took over the run: this one has
+	// been superseded and none of its further writes were applied.
+	ErrLeaseLost = errors.New("engine: lease lost: run was taken over by another executor")
+
+	// ErrLeaseHeld means a live executor holds the run's lease.
+	ErrLeaseHeld = errors.New("engine: run is leased by a live executor")
+
+	// ErrRunNotFound means no run has the given id.
+	ErrRunNotFound = errors.New("engine: run not found")
+
+	// ErrUnknownWorkflow means no workflow of that name is registered.
+	ErrUnknownWorkflow = errors.New("engine: unknown workflow")
+
+	// ErrInvalidKey means an idempotency key is empty, too long or holds
+	// characters that are not allowed.
+	ErrInvalidKey = errors.New("engine: invalid idempotency key")
+
+	// ErrInvalidInput means a run's input is not JSON that decodes into the
+	// workflow's input type.
+	ErrInvalidInput = errors.New("engine: invalid input")
+
+	// ErrFingerprintMismatch means the idempotency key is already used by a
+	// run with a different workflow or input.
+	ErrFingerprintMismatch = errors.New("engine: idempotency key reused with different input")
+
+	// ErrNotInRun means a phase function was called outside a workflow run.
+	ErrNotInRun = errors.New("engine: phase called outside a workflow run")
+)
+
+// MismatchError reports a key reused with a different request. Nothing was
+// executed and the stored run is untouched.
+type MismatchError struct {
+	RunID string // the run that owns the key
+}
+
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("engine: idempotency key belongs to run %s, started with a different workflow or input", e.RunID)
+}
+
+func (e *MismatchError) Unwrap() error { return ErrFingerprintMismatch }
+
+// LeaseHeldError reports a run leased by a live executor until ExpiresAt
+// (by the database's clock), unless that executor heartbeats again.
+type LeaseHeldError struct {
+	RunID     string
+	ExpiresAt time.Time
+}
+
+func (e *LeaseHeldError) Error() string {
+	return fmt.Sprintf("engine: run %s is leased by a live executor until %s", e.RunID, e.ExpiresAt.Format(time.RFC3339Nano))
+}
+
+func (e *LeaseHeldError) Unwrap() error { return ErrLeaseHeld }
+
+// NonDeterminismError reports workflow code that no longer matches the run's
+// journal: at position Seq the journal holds phase Journaled, but the code
+// asked for phase Called ("" when the code returned without asking for the
+// journaled phase). The run fails; it is never silently rewritten.
+type NonDeterminismError struct {
+	Seq       int
+	Journaled string
+	Called    string
+}
+
+func (e *NonDeterminismError) Error() string {
+	if e.Called == "" {
+		return fmt.Sprintf("engine: non-determinism: workflow returned before phase %d, but the journal holds phase %q there", e.Seq, e.Journaled)
+	}
+	return fmt.Sprintf("engine: non-determinism: phase %d is %q in the journal but the workflow called %q", e.Seq, e.Journaled, e.Called)
+}
+
+// Error codes stored in a failed run's error.
+const (
+	CodeNonDeterminism = "non_determinism"
+	CodeDuplicatePhase = "duplicate_phase"
+	CodeInvalidPhase   = "invalid_phase"
+	CodeInternal       = "internal"
+	CodePanic          = "panic"
+)
+
+// PermanentError marks an error that retrying cannot fix (a declined card, a
+// validation failure). A workflow that returns one fails its run, and the
+// error is stored and replayed to later callers with the same key.
+type PermanentError struct {
+	// Code is a short stable identifier, e.g. "card_declined".
+	Code string
+	Err  error
+}
+
+// Permanent wraps err as a PermanentError with the given code. An empty code
+// becomes "permanent".
+func Permanent(code string, err error) error {
+	if code == "" {
+		code = "permanent"
+	}
+	return &PermanentError{Code: code, Err: err}
+}
+
+func (e *PermanentError) Error() string {
+	if e.Err == nil {
+		return e.Code
+	}
+	return e.Code + ": " + e.Err.Error()
+}
+
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// RunError is the error stored with a run: the last failure of a run still
+// being retried, or the final one of a failed run.
+type RunError struct {
+	Code      string `json:"code"`
+	Message   string `json:"message"`
+	Retryable bool   `json:"retryable"`
+}
+
+func (e *RunError) Error() string { return e.Code + ": " + e.Message }
+
+// classify turns what a workflow returned into the error stored with its run.
+// Anything not known to be permanent is retryable: a run is never finished
+// by accident.
+func classify(err error) *RunError {
+	var (
+		perm *PermanentError
+		nd   *NonDeterminismError
+		phe  *phaseUsageError
+		pe   *panicError
+	)
+	switch {
+	case errors.As(err, &pe):
+		return &RunError{Code: CodePanic, Message: pe.Error(), Retryable: true}
+	case errors.As(err, &nd):
+		return &RunError{Code: CodeNonDeterminism, Message: nd.Error()}
+	case errors.As(err, &phe):
+		return &RunError{Code: phe.code, Message: phe.Error()}
+	case errors.As(err, &perm):
+		return &RunError{Code: perm.Code, Message: err.Error()}
+	default:
+		return &RunError{Code: CodeInternal, Message: err.Error(), Retryable: true}
+	}
+}
+
+// phaseUsageError is a programming error in how a workflow names its phases.
+// Retrying runs the same code, so it is permanent.
+type phaseUsageError struct {
+	code string
+	msg  string
+}
+
+func (e *phaseUsageError) Error() string { return "engine: " + e.msg }

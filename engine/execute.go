@@ -1,0 +1,236 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+)
+
+type executionKey struct{}
+
+// execution is one executor's hold on one run, from claim to conclusion. It
+// travels to phase functions in the workflow's context.
+type execution struct {
+	c       *Client
+	def     definition
+	run     *Run    // as claimed: the lease token and attempt of this execution
+	journal []Phase // phases committed before this execution began
+	lose    context.CancelCauseFunc
+
+	mu      sync.Mutex
+	next    int             // seq of the next phase to commit or replay
+	used    map[string]bool // phase names committed or replayed so far
+	inPhase bool
+	// fatal, once set, fails the run whatever the workflow returns.
+	fatal error
+	// broken, once set, ends the execution retryably: a commit's outcome is
+	// unknown, so only a fresh read of the journal can say where the run is.
+	broken error
+}
+
+func executionFrom(ctx context.Context) (*execution, error) {
+	ex, ok := ctx.Value(executionKey{}).(*execution)
+	if !ok {
+		return nil, ErrNotInRun
+	}
+	return ex, nil
+}
+
+// execute runs the workflow of a run this client has just claimed (the
+// lease token in run is ours) and concludes it: finished, released for a
+// retry, or, when ctx ends or the lease is lost, left as it stands for
+// another executor. It returns the run's state as this execution left it.
+func (c *Client) execute(ctx context.Context, def definition, run *Run, journal []Phase) (*Run, error) {
+	ctx, lose := context.WithCancelCause(ctx)
+	defer lose(nil)
+	ex := &execution{c: c, def: def, run: run, journal: journal, lose: lose, used: make(map[string]bool, len(journal))}
+	ctx = context.WithValue(ctx, executionKey{}, ex)
+
+	traceparent := ""
+	if run.Traceparent != nil {
+		traceparent = *run.Traceparent
+	}
+	ctx, end := c.cfg.Hooks.Run(ctx, RunInfo{
+		RunID: run.ID, Tenant: run.Tenant, Workflow: run.Workflow, Version: run.WorkflowVersion,
+		Attempt: run.Attempt, LeaseToken: run.LeaseToken, RecoveryPoint: run.RecoveryPoint,
+		Traceparent: traceparent, Resumed: len(journal) > 0,
+	})
+
+	stopHeartbeat := c.heartbeat(ctx, ex)
+	output, err := ex.invoke(ctx)
+	stopHeartbeat()
+
+	final, err := c.conclude(ctx, ex, output, err)
+	status := run.Status
+	if final != nil {
+		status = final.Status
+	}
+	end(RunEnd{Status: status, Err: err})
+	if final == nil {
+		final = run
+	}
+	return final, err
+}
+
+// invoke runs the workflow function, turning a panic into a retryable error.
+func (ex *execution) invoke(ctx context.Context) (out []byte, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &panicError{value: r, stack: debug.Stack()}
+		}
+	}()
+	return ex.def.invoke(ctx, ex.run.Input)
+}
+
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (e *panicError) Error() string { return fmt.Sprintf("workflow panicked: %v", e.value) }
+
+// conclude records how the execution ended, fenced by its lease token.
+func (c *Client) conclude(ctx context.Context, ex *execution, output []byte, err error) (*Run, error) {
+	log := c.logger.With(slog.String("run_id", ex.run.ID), slog.Int64("lease_token", ex.run.LeaseToken))
+	if errors.Is(context.Cause(ctx), ErrLeaseLost) {
+		log.WarnContext(ctx, "execution superseded: another executor took over the run")
+		return nil, fmt.Errorf("engine: run %s: %w", ex.run.ID, ErrLeaseLost)
+	}
+	if ctx.Err() != nil {
+		// Abandoned: the lease stays until it expires, as after a crash.
+		return nil, fmt.Errorf("engine: run %s abandoned: %w", ex.run.ID, context.Cause(ctx))
+	}
+	var pe *panicError
+	if errors.As(err, &pe) {
+		log.ErrorContext(ctx, "workflow panicked", slog.Any("panic", pe.value), slog.String("stack", string(pe.stack)))
+	}
+
+	ex.mu.Lock()
+	fatal, broken := ex.fatal, ex.broken
+	if fatal == nil && broken == nil && err == nil && ex.next < len(ex.journal) {
+		fatal = &NonDeterminismError{Seq: ex.next, Journaled: ex.journal[ex.next].Name}
+	}
+	ex.mu.Unlock()
+
+	switch {
+	case fatal != nil:
+		return c.finish(ctx, ex, StatusFailed, nil, classify(fatal))
+	case broken != nil:
+		return c.retryLater(ctx, ex, classify(broken))
+	case err == nil:
+		return c.finish(ctx, ex, StatusSucceeded, output, nil)
+	}
+	runErr := classify(err)
+	if !runErr.Retryable {
+		return c.finish(ctx, ex, StatusFailed, nil, runErr)
+	}
+	return c.retryLater(ctx, ex, runErr)
+}
+
+// finishSQL ends a run: status, output or error, expiry, and the lease
+// released, in one fenced statement.
+const finishSQL = `
+UPDATE ratchet.runs SET
+	status = $3,
+	output = $4,
+	error = $5,
+	finished_at = now(),
+	expires_at = now() + $6::interval,
+	lease_owner = NULL,
+	lease_expires_at = NULL,
+	next_attempt_at = NULL,
+	updated_at = now()
+WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
+RETURNING ` + runColumns
+
+func (c *Client) finish(ctx context.Context, ex *execution, status Status, output []byte, runErr *RunError) (*Run, error) {
+	run, ok, err := queryRun(ctx, c.pool, finishSQL,
+		ex.run.ID, ex.run.LeaseToken, status, output, runErr, ex.def.retentionClass().TTL())
+	if err != nil {
+		return nil, fmt.Errorf("engine: finish run %s: %w", ex.run.ID, err)
+	}
+	if !ok {
+		return nil, ex.leaseLost(ctx)
+	}
+	return run, nil
+}
+
+// retrySQL releases a run after a retryable failure, to be executed again
+// from its recovery point no earlier than the backoff allows.
+const retrySQL = `
+UPDATE ratchet.runs SET
+	status = 'pending',
+	error = $3,
+	next_attempt_at = now() + $4::interval,
+	lease_owner = NULL,
+	lease_expires_at = NULL,
+	updated_at = now()
+WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
+RETURNING ` + runColumns
+
+func (c *Client) retryLater(ctx context.Context, ex *execution, runErr *RunError) (*Run, error) {
+	backoff := c.cfg.RetryBackoff(ex.run.Attempt)
+	run, ok, err := queryRun(ctx, c.pool, retrySQL, ex.run.ID, ex.run.LeaseToken, runErr, backoff)
+	if err != nil {
+		return nil, fmt.Errorf("engine: release run %s for retry: %w", ex.run.ID, err)
+	}
+	if !ok {
+		return nil, ex.leaseLost(ctx)
+	}
+	c.logger.InfoContext(ctx, "run failed retryably; will retry",
+		slog.String("run_id", ex.run.ID), slog.Int("attempt", ex.run.Attempt),
+		slog.Duration("backoff", backoff), slog.String("error", runErr.Message))
+	return run, nil
+}
+
+// leaseLost records that a fenced write found another token, cancels the
+// execution and returns the error to report.
+func (ex *execution) leaseLost(ctx context.Context) error {
+	ex.lose(ErrLeaseLost)
+	ex.c.logger.WarnContext(ctx, "execution superseded: another executor took over the run",
+		slog.String("run_id", ex.run.ID), slog.Int64("lease_token", ex.run.LeaseToken))
+	return fmt.Errorf("engine: run %s: %w", ex.run.ID, ErrLeaseLost)
+}
+
+const heartbeatSQL = `
+UPDATE ratchet.runs SET lease_expires_at = now() + $3::interval
+WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL`
+
+// heartbeat extends the lease every HeartbeatInterval until the returned
+// stop function is called (which waits for the goroutine to exit). A
+// heartbeat that finds the token changed cancels the execution.
+func (c *Client) heartbeat(ctx context.Context, ex *execution) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ticker := time.NewTicker(c.cfg.HeartbeatInterval)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+			}
+			tag, err := c.pool.Exec(ctx, heartbeatSQL, ex.run.ID, ex.run.LeaseToken, c.cfg.StaleAfter)
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil:
+				c.logger.WarnContext(ctx, "heartbeat failed; lease may expire",
+					slog.String("run_id", ex.run.ID), slog.String("error", err.Error()))
+			case tag.RowsAffected() == 0:
+				ex.leaseLost(ctx) //nolint:errcheck // the cancellation is the report
+				return
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}

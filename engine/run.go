@@ -1,0 +1,163 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Status is a run's state.
+type Status string
+
+const (
+	StatusPending   Status = "pending"   // not yet claimed, or released to be retried
+	StatusRunning   Status = "running"   // claimed by an executor (whose lease may have expired)
+	StatusWaiting   Status = "waiting"   // parked until a time or a signal
+	StatusSucceeded Status = "succeeded" // finished with an output
+	StatusFailed    Status = "failed"    // finished with a permanent error
+	StatusCancelled Status = "cancelled" // finished by cancellation
+)
+
+// Finished reports whether s is a terminal status.
+func (s Status) Finished() bool {
+	return s == StatusSucceeded || s == StatusFailed || s == StatusCancelled
+}
+
+// Run is a snapshot of one run's row.
+type Run struct {
+	ID              string          `db:"id"`
+	Tenant          string          `db:"tenant"`
+	IdempotencyKey  string          `db:"idempotency_key"`
+	Workflow        string          `db:"workflow"`
+	WorkflowVersion int             `db:"workflow_version"`
+	Input           json.RawMessage `db:"input"`
+	Fingerprint     []byte          `db:"fingerprint"`
+	Status          Status          `db:"status"`
+	// RecoveryPoint names the last committed phase, or "started".
+	RecoveryPoint  string     `db:"recovery_point"`
+	LeaseOwner     *string    `db:"lease_owner"`
+	LeaseToken     int64      `db:"lease_token"`
+	LeaseExpiresAt *time.Time `db:"lease_expires_at"`
+	// Attempt counts executions: it grows by one on every claim.
+	Attempt        int             `db:"attempt"`
+	NextAttemptAt  *time.Time      `db:"next_attempt_at"`
+	Output         json.RawMessage `db:"output"`
+	Error          *RunError       `db:"error"`
+	ResponseStatus *int            `db:"response_status"`
+	Traceparent    *string         `db:"traceparent"`
+	CreatedAt      time.Time       `db:"created_at"`
+	UpdatedAt      time.Time       `db:"updated_at"`
+	FinishedAt     *time.Time      `db:"finished_at"`
+	ExpiresAt      *time.Time      `db:"expires_at"`
+}
+
+// runColumns lists Run's columns in the order of its fields.
+const runColumns = `id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
+	status, recovery_point, lease_owner, lease_token, lease_expires_at, attempt, next_attempt_at,
+	output, error, response_status, traceparent, created_at, updated_at, finished_at, expires_at`
+
+// dbtx is what both a pool and a transaction offer.
+type dbtx interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// queryRun runs a statement returning runColumns and yields the run, or
+// ok=false when it returned no row.
+func queryRun(ctx context.Context, db dbtx, sql string, args ...any) (run *Run, ok bool, err error) {
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, false, err
+	}
+	run, err = pgx.CollectExactlyOneRow(rows, pgx.RowToAddrOfStructByName[Run])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	return run, true, nil
+}
+
+// leasedRun is a run together with whether its lease was live when read,
+// judged by the database's clock.
+type leasedRun struct {
+	Run
+	LeaseLive bool `db:"lease_live"`
+}
+
+const getRunSQL = `SELECT ` + runColumns + `,
+	coalesce(lease_expires_at > now(), false) AS lease_live
+FROM ratchet.runs WHERE id = $1`
+
+// Run returns the run with the given id, or ErrRunNotFound.
+func (c *Client) Run(ctx context.Context, id string) (*Run, error) {
+	lr, err := getRun(ctx, c.pool, id)
+	if err != nil {
+		return nil, err
+	}
+	return &lr.Run, nil
+}
+
+func getRun(ctx context.Context, db dbtx, id string) (*leasedRun, error) {
+	rows, err := db.Query(ctx, getRunSQL, id)
+	if err != nil {
+		return nil, fmt.Errorf("engine: get run: %w", err)
+	}
+	lr, err := pgx.CollectExactlyOneRow(rows, pgx.RowToAddrOfStructByName[leasedRun])
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: %s", ErrRunNotFound, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("engine: get run: %w", err)
+	}
+	return lr, nil
+}
+
+// PhaseKind says how a phase executes.
+type PhaseKind string
+
+const (
+	KindAtomic PhaseKind = "atomic" // runs in the transaction that commits it
+	KindStep   PhaseKind = "step"   // runs outside any transaction, then commits its result
+)
+
+// Phase is one committed entry of a run's journal.
+type Phase struct {
+	RunID      string          `db:"run_id"`
+	Seq        int             `db:"seq"`
+	Name       string          `db:"name"`
+	Kind       PhaseKind       `db:"kind"`
+	Output     json.RawMessage `db:"output"`
+	ChildKey   *string         `db:"child_key"`
+	Attempts   int             `db:"attempts"`
+	Error      *RunError       `db:"error"`
+	StartedAt  time.Time       `db:"started_at"`
+	FinishedAt time.Time       `db:"finished_at"`
+}
+
+const listPhasesSQL = `SELECT run_id, seq, name, kind, output, child_key, attempts, error, started_at, finished_at
+FROM ratchet.phases WHERE run_id = $1 ORDER BY seq`
+
+// Phases returns a run's journal in order.
+func (c *Client) Phases(ctx context.Context, runID string) ([]Phase, error) {
+	return listPhases(ctx, c.pool, runID)
+}
+
+func listPhases(ctx context.Context, db dbtx, runID string) ([]Phase, error) {
+	rows, err := db.Query(ctx, listPhasesSQL, runID)
+	if err != nil {
+		return nil, fmt.Errorf("engine: list phases: %w", err)
+	}
+	phases, err := pgx.CollectRows(rows, pgx.RowToStructByName[Phase])
+	if err != nil {
+		return nil, fmt.Errorf("engine: list phases: %w", err)
+	}
+	return phases, nil
+}

@@ -1,0 +1,262 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/oklog/ulid/v2"
+)
+
+// StartParams describe a request to start a workflow.
+type StartParams struct {
+	// Workflow is the registered workflow name.
+	Workflow string
+	// IdempotencyKey identifies the request within the tenant: 1..255
+	// characters, no control characters.
+	IdempotencyKey string
+	// Input is the workflow input as JSON. Key order and whitespace do not
+	// change its fingerprint.
+	Input json.RawMessage
+	// Tenant scopes the key. Defaults to "default".
+	Tenant string
+	// Traceparent is the W3C trace context of the creating request.
+	Traceparent string
+}
+
+// Outcome says what Start found for the idempotency key.
+type Outcome int
+
+const (
+	// OutcomeCreated: the key was new; this call created the run (and, for
+	// Start, executed it).
+	OutcomeCreated Outcome = iota + 1
+	// OutcomeFinished: the run had already finished; its stored result is
+	// in Run, to be replayed.
+	OutcomeFinished
+	// OutcomeInProgress: a live executor holds the run's lease.
+	OutcomeInProgress
+	// OutcomeResumable: the run is unfinished and nobody holds a live lease
+	// (its executor died, released it, or is backing off). Resume takes it
+	// over.
+	OutcomeResumable
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeCreated:
+		return "created"
+	case OutcomeFinished:
+		return "finished"
+	case OutcomeInProgress:
+		return "in_progress"
+	case OutcomeResumable:
+		return "resumable"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// StartResult reports what a start found and did.
+type StartResult struct {
+	Outcome Outcome
+	// Run is the run's state after the call: for OutcomeCreated by Start,
+	// as the inline execution left it.
+	Run *Run
+}
+
+// Start claims the idempotency key and, if the key was new, executes the run
+// inline until it finishes, fails retryably or ctx ends. When the key exists
+// Start executes nothing and reports which case holds; a key reused with a
+// different workflow or input returns a *MismatchError.
+//
+// An error that ends the inline execution early (ctx cancelled, lease lost,
+// database unreachable) is returned along with the result: the run is then
+// unfinished and will be resumed. A workflow's own failure is not an error
+// of Start: it is in the run's Status and Error.
+func (c *Client) Start(ctx context.Context, p StartParams) (*StartResult, error) {
+	return c.start(ctx, nil, nil, p)
+}
+
+// StartTx claims the idempotency key in the caller's transaction, so the run
+// exists if and only if tx commits. It executes nothing: the created run is
+// pending and unleased, for Resume (or a worker) to execute after commit.
+func (c *Client) StartTx(ctx context.Context, tx pgx.Tx, p StartParams) (*StartResult, error) {
+	if tx == nil {
+		return nil, errors.New("engine: StartTx: nil transaction")
+	}
+	return c.start(ctx, tx, nil, p)
+}
+
+// start implements Start (tx == nil) and StartTx. def is the typed caller's
+// workflow, or nil to look p.Workflow up.
+func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartParams) (*StartResult, error) {
+	registered, err := c.workflows.lookup(p.Workflow)
+	if err != nil {
+		return nil, err
+	}
+	if def != nil && def != registered {
+		return nil, fmt.Errorf("%w: %q is registered with another definition on this client", ErrUnknownWorkflow, p.Workflow)
+	}
+	def = registered
+	if err := checkKey(p.IdempotencyKey); err != nil {
+		return nil, err
+	}
+	if p.Tenant == "" {
+		p.Tenant = DefaultTenant
+	}
+	input, err := canonicalJSON(p.Input)
+	if err != nil {
+		return nil, fmt.Errorf("%w for workflow %q: %v", ErrInvalidInput, def.Name(), err)
+	}
+	if err := def.checkInput(input); err != nil {
+		return nil, err
+	}
+	fp := fingerprint(def.Name(), input)
+
+	var db dbtx = c.pool
+	if tx != nil {
+		db = tx
+	}
+	// A key pruned between the INSERT's conflict and the lookup is free
+	// again; try once more rather than report a run that no longer exists.
+	for range 3 {
+		run, created, err := c.claimKey(ctx, db, def, p, input, fp, tx == nil)
+		if err != nil {
+			return nil, err
+		}
+		if created {
+			res := &StartResult{Outcome: OutcomeCreated, Run: run}
+			if tx != nil {
+				return res, nil
+			}
+			run, err := c.execute(ctx, def, run, nil)
+			if run != nil {
+				res.Run = run
+			}
+			return res, err
+		}
+		existing, err := c.lookupKey(ctx, db, p.Tenant, p.IdempotencyKey)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return existingOutcome(existing, fp)
+	}
+	return nil, fmt.Errorf("engine: key %q kept disappearing while being claimed", p.IdempotencyKey)
+}
+
+func existingOutcome(lr *leasedRun, fp []byte) (*StartResult, error) {
+	run := &lr.Run
+	switch {
+	case string(run.Fingerprint) != string(fp):
+		return nil, &MismatchError{RunID: run.ID}
+	case run.Status.Finished():
+		return &StartResult{Outcome: OutcomeFinished, Run: run}, nil
+	case lr.LeaseLive:
+		return &StartResult{Outcome: OutcomeInProgress, Run: run}, nil
+	default:
+		return &StartResult{Outcome: OutcomeResumable, Run: run}, nil
+	}
+}
+
+// claimKeySQL inserts a run unless its key exists. With $9 the run is born
+// leased to the caller ($10, for $11), which is how Start claims it and
+// executes it in the same breath; otherwise it is born pending and unleased.
+const claimKeySQL = `
+INSERT INTO ratchet.runs (id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
+	traceparent, status, lease_owner, lease_token, lease_expires_at, attempt)
+SELECT $1, $2, $3, $4, $5, $6, $7, nullif($8, ''),
+	CASE WHEN $9 THEN 'running' ELSE 'pending' END,
+	CASE WHEN $9 THEN $10 END,
+	CASE WHEN $9 THEN 1 ELSE 0 END,
+	CASE WHEN $9 THEN now() + $11::interval END,
+	CASE WHEN $9 THEN 1 ELSE 0 END
+ON CONFLICT (tenant, idempotency_key) DO NOTHING
+RETURNING ` + runColumns
+
+func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartParams, input, fp []byte, lease bool) (*Run, bool, error) {
+	run, ok, err := queryRun(ctx, db, claimKeySQL,
+		ulid.Make().String(), p.Tenant, p.IdempotencyKey, def.Name(), def.version(), input, fp,
+		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter)
+	if err != nil {
+		return nil, false, fmt.Errorf("engine: claim key: %w", err)
+	}
+	return run, ok, nil
+}
+
+const lookupKeySQL = `SELECT ` + runColumns + `,
+	coalesce(lease_expires_at > now(), false) AS lease_live
+FROM ratchet.runs WHERE tenant = $1 AND idempotency_key = $2`
+
+func (c *Client) lookupKey(ctx context.Context, db dbtx, tenant, key string) (*leasedRun, error) {
+	rows, err := db.Query(ctx, lookupKeySQL, tenant, key)
+	if err != nil {
+		return nil, fmt.Errorf("engine: look up key: %w", err)
+	}
+	lr, err := pgx.CollectExactlyOneRow(rows, pgx.RowToAddrOfStructByName[leasedRun])
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("engine: look up key: %w", err)
+	}
+	return lr, err
+}
+
+// takeOverSQL claims an unfinished run whose lease is absent or expired,
+// with a new token. The row lock makes concurrent takeovers, heartbeats and
+// phase commits serialise: exactly one claimant wins.
+const takeOverSQL = `
+UPDATE ratchet.runs SET
+	lease_owner = $2,
+	lease_token = lease_token + 1,
+	lease_expires_at = now() + $3::interval,
+	attempt = attempt + 1,
+	status = 'running',
+	next_attempt_at = NULL,
+	updated_at = now()
+WHERE id = $1
+	AND finished_at IS NULL
+	AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+RETURNING ` + runColumns
+
+// Resume takes over an unfinished run whose lease has expired or been
+// released, with a new lease token, and executes it from its recovery point:
+// committed phases return their journaled output without running.
+//
+// A finished run is returned as it is, with nothing executed. A run leased
+// by a live executor returns a *LeaseHeldError. An unknown id returns
+// ErrRunNotFound.
+func (c *Client) Resume(ctx context.Context, runID string) (*Run, error) {
+	run, ok, err := queryRun(ctx, c.pool, takeOverSQL, runID, c.cfg.ID, c.cfg.StaleAfter)
+	if err != nil {
+		return nil, fmt.Errorf("engine: take over run: %w", err)
+	}
+	if !ok {
+		lr, err := getRun(ctx, c.pool, runID)
+		if err != nil {
+			return nil, err
+		}
+		if lr.Status.Finished() {
+			return &lr.Run, nil
+		}
+		if lr.LeaseLive {
+			return nil, &LeaseHeldError{RunID: runID, ExpiresAt: *lr.LeaseExpiresAt}
+		}
+		// The lease expired between the two statements; a competing
+		// claimant is as likely as not. Report it held rather than race.
+		return nil, &LeaseHeldError{RunID: runID}
+	}
+	def, err := c.workflows.lookup(run.Workflow)
+	if err != nil {
+		// Keep the lease until it expires: a process that knows the
+		// workflow may take it over then.
+		return run, fmt.Errorf("engine: resume run %s: %w", run.ID, err)
+	}
+	journal, err := listPhases(ctx, c.pool, run.ID)
+	if err != nil {
+		return run, err
+	}
+	return c.execute(ctx, def, run, journal)
+}

@@ -1,0 +1,241 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Retention says how long a finished run, and so its idempotency key, is
+// kept. It sets expires_at when the run finishes.
+type Retention string
+
+const (
+	// Retention24h keeps a finished run for a day, the window HTTP clients
+	// are promised for retries. The default.
+	Retention24h Retention = "24h"
+	// Retention7d keeps a finished run for a week, for consumers that
+	// replay messages.
+	Retention7d Retention = "7d"
+	// RetentionForever never expires a run: for ledgers and money.
+	RetentionForever Retention = "forever"
+)
+
+// TTL returns how long a finished run is kept, or nil for ever.
+func (r Retention) TTL() *time.Duration {
+	var d time.Duration
+	switch r {
+	case Retention24h:
+		d = 24 * time.Hour
+	case Retention7d:
+		d = 7 * 24 * time.Hour
+	default:
+		return nil
+	}
+	return &d
+}
+
+// WorkflowOpts are options for Register. A nil *WorkflowOpts is valid.
+type WorkflowOpts struct {
+	// Version is recorded with every run. Defaults to 1.
+	Version int
+	// Retention of finished runs. Defaults to Retention24h.
+	Retention Retention
+}
+
+// Workflow is a registered workflow definition with input type In and
+// output type Out. Start it with its Start or StartTx method.
+type Workflow[In, Out any] struct {
+	name      string
+	ver       int
+	retention Retention
+	fn        func(context.Context, In) (Out, error)
+}
+
+// definition is a workflow with its types erased, as the registry holds it.
+type definition interface {
+	Name() string
+	version() int
+	retentionClass() Retention
+	// checkInput reports whether JSON input decodes into the input type.
+	checkInput(input []byte) error
+	// invoke decodes the input, runs the workflow and encodes its output.
+	invoke(ctx context.Context, input []byte) ([]byte, error)
+}
+
+// Name returns the name the workflow was registered under.
+func (w *Workflow[In, Out]) Name() string              { return w.name }
+func (w *Workflow[In, Out]) version() int              { return w.ver }
+func (w *Workflow[In, Out]) retentionClass() Retention { return w.retention }
+
+func (w *Workflow[In, Out]) checkInput(input []byte) error {
+	var in In
+	if err := json.Unmarshal(input, &in); err != nil {
+		return fmt.Errorf("%w for workflow %q: %v", ErrInvalidInput, w.name, err)
+	}
+	return nil
+}
+
+func (w *Workflow[In, Out]) invoke(ctx context.Context, input []byte) ([]byte, error) {
+	var in In
+	if err := json.Unmarshal(input, &in); err != nil {
+		// Input was checked when the run was created; a failure here means
+		// the input type changed incompatibly since.
+		return nil, Permanent("invalid_input", fmt.Errorf("decode stored input: %w", err))
+	}
+	out, err := w.fn(ctx, in)
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, Permanent("invalid_output", fmt.Errorf("encode output: %w", err))
+	}
+	return b, nil
+}
+
+// Workflows is a registry of workflow definitions, handed to a Client
+// through Config. Register every workflow before creating the client.
+type Workflows struct {
+	mu   sync.RWMutex
+	defs map[string]definition
+}
+
+// NewWorkflows returns an empty registry.
+func NewWorkflows() *Workflows {
+	return &Workflows{defs: make(map[string]definition)}
+}
+
+// Register defines a workflow named name that runs fn, and adds it to the
+// registry. Names are 1..255 characters of letters, digits, '.', '-' and '_',
+// and unique within the registry.
+func Register[In, Out any](r *Workflows, name string, fn func(ctx context.Context, in In) (Out, error), opts *WorkflowOpts) (*Workflow[In, Out], error) {
+	if opts == nil {
+		opts = &WorkflowOpts{}
+	}
+	w := &Workflow[In, Out]{name: name, ver: opts.Version, retention: opts.Retention, fn: fn}
+	if w.ver == 0 {
+		w.ver = 1
+	}
+	if w.retention == "" {
+		w.retention = Retention24h
+	}
+	switch {
+	case !validName(name):
+		return nil, fmt.Errorf("engine: workflow name %q: want 1..255 letters, digits, '.', '-' or '_'", name)
+	case fn == nil:
+		return nil, fmt.Errorf("engine: workflow %q: nil function", name)
+	case w.ver < 0:
+		return nil, fmt.Errorf("engine: workflow %q: negative version %d", name, w.ver)
+	case w.retention != Retention24h && w.retention != Retention7d && w.retention != RetentionForever:
+		return nil, fmt.Errorf("engine: workflow %q: unknown retention %q (want 24h, 7d or forever)", name, w.retention)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.defs[name]; dup {
+		return nil, fmt.Errorf("engine: workflow %q registered twice", name)
+	}
+	r.defs[name] = w
+	return w, nil
+}
+
+func (r *Workflows) lookup(name string) (definition, error) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	def, ok := r.defs[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownWorkflow, name)
+	}
+	return def, nil
+}
+
+// Names returns the registered workflow names in order.
+func (r *Workflows) Names() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	names := make([]string, 0, len(r.defs))
+	for n := range r.defs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 255 {
+		return false
+	}
+	for _, r := range s {
+		if !(r < utf8.RuneSelf && (unicode.IsLetter(r) || unicode.IsDigit(r) || r == '.' || r == '-' || r == '_')) {
+			return false
+		}
+	}
+	return true
+}
+
+// Result is the outcome of starting a typed workflow.
+type Result[Out any] struct {
+	*StartResult
+	// Output is the decoded output when the run has succeeded; the zero
+	// value otherwise.
+	Output Out
+}
+
+// StartOpts are options for Workflow.Start. A nil *StartOpts is valid.
+type StartOpts struct {
+	// Tenant scopes the idempotency key. Defaults to "default".
+	Tenant string
+	// Traceparent is the W3C trace context of the request that creates the
+	// run, stored so that resumed executions link to it.
+	Traceparent string
+}
+
+func (o *StartOpts) params(name, key string, input []byte) StartParams {
+	p := StartParams{Workflow: name, IdempotencyKey: key, Input: input}
+	if o != nil {
+		p.Tenant, p.Traceparent = o.Tenant, o.Traceparent
+	}
+	return p
+}
+
+// Start starts (or attaches to) the run for key with input in on client c,
+// as Client.Start does, and decodes the output of a succeeded run.
+func (w *Workflow[In, Out]) Start(ctx context.Context, c *Client, key string, in In, opts *StartOpts) (*Result[Out], error) {
+	input, err := json.Marshal(in)
+	if err != nil {
+		return nil, fmt.Errorf("%w: encode: %v", ErrInvalidInput, err)
+	}
+	res, err := c.start(ctx, nil, w, opts.params(w.name, key, input))
+	return w.result(res, err)
+}
+
+// StartTx creates the run for key in the caller's transaction tx, as
+// Client.StartTx does.
+func (w *Workflow[In, Out]) StartTx(ctx context.Context, c *Client, tx pgx.Tx, key string, in In, opts *StartOpts) (*Result[Out], error) {
+	input, err := json.Marshal(in)
+	if err != nil {
+		return nil, fmt.Errorf("%w: encode: %v", ErrInvalidInput, err)
+	}
+	res, err := c.start(ctx, tx, w, opts.params(w.name, key, input))
+	return w.result(res, err)
+}
+
+func (w *Workflow[In, Out]) result(res *StartResult, err error) (*Result[Out], error) {
+	if err != nil {
+		return nil, err
+	}
+	r := &Result[Out]{StartResult: res}
+	if res.Run.Status == StatusSucceeded {
+		if err := json.Unmarshal(res.Run.Output, &r.Output); err != nil {
+			return r, fmt.Errorf("engine: decode output of run %s: %w", res.Run.ID, err)
+		}
+	}
+	return r, nil
+}

@@ -1,0 +1,108 @@
+package migrations_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ratchet-run/ratchet/internal/testdb"
+	"github.com/ratchet-run/ratchet/migrations"
+)
+
+// emptyDB returns a pool on a database with nothing applied: the template is
+// migrated, so the test drops what it made.
+func emptyDB(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool := testdb.New(t, &testdb.Options{MaxConns: 8})
+	_, err := pool.Exec(context.Background(), "DROP SCHEMA ratchet CASCADE")
+	require.NoError(t, err)
+	return pool
+}
+
+func schemaObjects(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `
+		SELECT c.relkind::text || ':' || c.relname FROM pg_class c
+		JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = 'ratchet' ORDER BY 1`)
+	require.NoError(t, err)
+	var names []string
+	for rows.Next() {
+		var n string
+		require.NoError(t, rows.Scan(&n))
+		names = append(names, n)
+	}
+	require.NoError(t, rows.Err())
+	return names
+}
+
+func TestApplyCreatesSchemaAndReportsCurrent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := emptyDB(t)
+
+	require.ErrorIs(t, migrations.Check(ctx, pool), migrations.ErrPending)
+
+	res, err := migrations.Apply(ctx, pool, nil)
+	require.NoError(t, err)
+	all, err := migrations.All()
+	require.NoError(t, err)
+	require.Len(t, res.Applied, len(all))
+	require.NotEmpty(t, res.RiverVersions, "river's tables must be created too")
+	require.NoError(t, migrations.Check(ctx, pool))
+
+	objects := schemaObjects(t, pool)
+	require.Contains(t, objects, "r:runs")
+	require.Contains(t, objects, "r:phases")
+	require.Contains(t, objects, "r:river_job")
+}
+
+func TestApplyTwiceIsANoOp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := emptyDB(t)
+
+	_, err := migrations.Apply(ctx, pool, nil)
+	require.NoError(t, err)
+	before := schemaObjects(t, pool)
+
+	res, err := migrations.Apply(ctx, pool, nil)
+	require.NoError(t, err)
+	require.Empty(t, res.Applied)
+	require.Empty(t, res.RiverVersions)
+	require.Equal(t, before, schemaObjects(t, pool))
+}
+
+func TestApplyConcurrentlyYieldsOneSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := emptyDB(t)
+
+	const callers = 4
+	results := make([]*migrations.Result, callers)
+	var g errgroup.Group
+	for i := range callers {
+		g.Go(func() error {
+			res, err := migrations.Apply(ctx, pool, nil)
+			results[i] = res
+			return err
+		})
+	}
+	require.NoError(t, g.Wait())
+
+	all, err := migrations.All()
+	require.NoError(t, err)
+	applied := 0
+	for _, r := range results {
+		applied += len(r.Applied)
+	}
+	require.Equal(t, len(all), applied, "each migration is applied by exactly one caller")
+	require.NoError(t, migrations.Check(ctx, pool))
+
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM ratchet.schema_migrations").Scan(&n))
+	require.Equal(t, len(all), n)
+}
