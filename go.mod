@@ -3,6 +3,7 @@ module github.com/ratchet-run/ratchet
 go 1.26.8
 
 require (
+	github.com/alecthomas/kong v1.17.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/oklog/ulid/v2 v2.1.2
 	github.com/riverqueue/river v0.51.2

@@ -227,15 +227,17 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, c *Client, tx pgx.Tx, k
 	return w.result(res, err)
 }
 
+// result types a StartResult. Like Client.Start, it may return a result
+// together with an error that cut the inline execution short.
 func (w *Workflow[In, Out]) result(res *StartResult, err error) (*Result[Out], error) {
-	if err != nil {
+	if res == nil {
 		return nil, err
 	}
 	r := &Result[Out]{StartResult: res}
-	if res.Run.Status == StatusSucceeded {
+	if err == nil && res.Run.Status == StatusSucceeded {
 		if err := json.Unmarshal(res.Run.Output, &r.Output); err != nil {
 			return r, fmt.Errorf("engine: decode output of run %s: %w", res.Run.ID, err)
 		}
 	}
-	return r, nil
+	return r, err
 }

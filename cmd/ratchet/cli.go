@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// cli is the command line: one field per subcommand.
+type cli struct {
+	Dev     devCmd     `cmd:"" help:"Run the quickstart demo against Postgres: migrate, start a transfer, replay it, reuse its key wrongly, crash it and resume it."`
+	Migrate migrateCmd `cmd:"" help:"Apply Ratchet's and River's migrations to the database."`
+}
+
+// env is what every subcommand's Run receives.
+type env struct {
+	ctx    context.Context
+	stdout io.Writer
+	stderr io.Writer
+}
+
+// dbFlags are the connection options shared by subcommands.
+type dbFlags struct {
+	DatabaseURL string `name:"database-url" env:"DATABASE_URL" default:"${default_database_url}" help:"Postgres connection string (env DATABASE_URL)."`
+}
+
+// Main parses args, runs the chosen subcommand and returns the exit code.
+// Errors are printed as one line on stderr.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var root cli
+	exit := -1
+	parser, err := kong.New(&root,
+		kong.Name("ratchet"),
+		kong.Description("Ratchet: durable workflows for Go on Postgres."),
+		kong.Writers(stdout, stderr),
+		kong.Exit(func(code int) { exit = code }),
+		kong.UsageOnError(),
+		kong.Vars{"default_database_url": defaultDatabaseURL},
+	)
+	if err != nil {
+		fmt.Fprintln(stderr, "ratchet:", err)
+		return 2
+	}
+	kctx, err := parser.Parse(args)
+	if exit >= 0 { // --help and friends
+		return exit
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "ratchet:", err)
+		return 2
+	}
+	if err := kctx.Run(&env{ctx: ctx, stdout: stdout, stderr: stderr}); err != nil {
+		fmt.Fprintln(stderr, "ratchet:", err)
+		return 1
+	}
+	return 0
+}
+
+// connect opens a pool and checks that the server answers, turning the
+// usual failures into one line a person can act on.
+func (f *dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(f.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("bad database URL: %s", strings.TrimPrefix(err.Error(), "cannot parse `"+f.DatabaseURL+"`: "))
+	}
+	where := fmt.Sprintf("%s:%d/%s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to Postgres at %s: %w", where, err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("cannot reach Postgres at %s: %s (start it, or set DATABASE_URL)", where, reason(err))
+	}
+	return pool, nil
+}
+
+// reason shortens a connection error to its cause.
+func reason(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Message
+	}
+	var opErr *net.OpError
+	if errors.As(err, &opErr) {
+		return opErr.Err.Error()
+	}
+	return err.Error()
+}
