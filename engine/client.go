@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oklog/ulid/v2"
+
+	"github.com/ratchet-run/ratchet/steps"
 )
 
 // Defaults for Config.
@@ -44,6 +46,15 @@ type Config struct {
 	// Defaults to DefaultRetryBackoff.
 	RetryBackoff func(attempt int) time.Duration
 
+	// StepPolicy retries external steps that do not set their own. Its zero
+	// fields take steps.Policy's defaults (5 attempts within a minute,
+	// 100ms doubling to 10s).
+	StepPolicy steps.Policy
+
+	// StepTimeout bounds each attempt of an external step that does not set
+	// its own. Defaults to 30s.
+	StepTimeout time.Duration
+
 	// Hooks observe run and phase boundaries, e.g. for tracing. Defaults to
 	// none.
 	Hooks Hooks
@@ -68,6 +79,10 @@ func (c *Config) WithDefaults() *Config {
 	if out.RetryBackoff == nil {
 		out.RetryBackoff = DefaultRetryBackoff
 	}
+	out.StepPolicy = out.StepPolicy.WithDefaults()
+	if out.StepTimeout == 0 {
+		out.StepTimeout = 30 * time.Second
+	}
 	if out.Hooks == nil {
 		out.Hooks = noHooks{}
 	}
@@ -87,8 +102,10 @@ func (c *Config) validate() error {
 		return fmt.Errorf("engine: Config.HeartbeatInterval %s must be positive and shorter than StaleAfter %s", c.HeartbeatInterval, c.StaleAfter)
 	case len(c.ID) > 255:
 		return errors.New("engine: Config.ID is longer than 255 bytes")
+	case c.StepTimeout < 0:
+		return fmt.Errorf("engine: Config.StepTimeout %s is negative", c.StepTimeout)
 	}
-	return nil
+	return c.StepPolicy.Validate()
 }
 
 // DefaultRetryBackoff waits 1s after the first failed execution, doubling

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/ratchet-run/ratchet/steps"
 )
 
 var (
@@ -85,34 +87,19 @@ const (
 	CodeInvalidPhase   = "invalid_phase"
 	CodeInternal       = "internal"
 	CodePanic          = "panic"
+	CodeStepExhausted  = "step_retries_exhausted"
+	CodeIndeterminate  = "indeterminate"
 )
 
 // PermanentError marks an error that retrying cannot fix (a declined card, a
 // validation failure). A workflow that returns one fails its run, and the
-// error is stored and replayed to later callers with the same key.
-type PermanentError struct {
-	// Code is a short stable identifier, e.g. "card_declined".
-	Code string
-	Err  error
-}
+// error is stored and replayed to later callers with the same key. It is
+// the steps package's type, so a step's permanent failure is the engine's.
+type PermanentError = steps.PermanentError
 
-// Permanent wraps err as a PermanentError with the given code. An empty code
-// becomes "permanent".
-func Permanent(code string, err error) error {
-	if code == "" {
-		code = "permanent"
-	}
-	return &PermanentError{Code: code, Err: err}
-}
-
-func (e *PermanentError) Error() string {
-	if e.Err == nil {
-		return e.Code
-	}
-	return e.Code + ": " + e.Err.Error()
-}
-
-func (e *PermanentError) Unwrap() error { return e.Err }
+// Permanent wraps err as a PermanentError with the given code (e.g.
+// "card_declined"). An empty code becomes "permanent".
+func Permanent(code string, err error) error { return steps.Permanent(code, err) }
 
 // RunError is the error stored with a run: the last failure of a run still
 // being retried, or the final one of a failed run.
@@ -143,9 +130,20 @@ func classify(err error) *RunError {
 		return &RunError{Code: phe.code, Message: phe.Error()}
 	case errors.As(err, &perm):
 		return &RunError{Code: perm.Code, Message: err.Error()}
-	default:
-		return &RunError{Code: CodeInternal, Message: err.Error(), Retryable: true}
 	}
+	var (
+		status    *steps.StatusError
+		exhausted *steps.ExhaustedError
+	)
+	switch class := steps.Classify(err); {
+	case class == steps.ClassPermanent && errors.As(err, &status):
+		return &RunError{Code: fmt.Sprintf("http_%d", status.StatusCode), Message: err.Error()}
+	case errors.As(err, &exhausted):
+		return &RunError{Code: CodeStepExhausted, Message: err.Error(), Retryable: true}
+	case class == steps.ClassIndeterminate:
+		return &RunError{Code: CodeIndeterminate, Message: err.Error(), Retryable: true}
+	}
+	return &RunError{Code: CodeInternal, Message: err.Error(), Retryable: true}
 }
 
 // phaseUsageError is a programming error in how a workflow names its phases.

@@ -17,14 +17,16 @@ import (
 // a table of counters that workflows bump as their observable side effect.
 type testBundle struct {
 	pool *pgxpool.Pool
+	url  string // for processes of the test's own
 }
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
-	pool := testdb.New(t, &testdb.Options{MaxConns: 24})
+	url := testdb.NewURL(t)
+	pool := testdb.Connect(t, url, &testdb.Options{MaxConns: 24})
 	_, err := pool.Exec(context.Background(), `CREATE TABLE counters (name text PRIMARY KEY, n integer NOT NULL)`)
 	require.NoError(t, err)
-	return &testBundle{pool: pool}
+	return &testBundle{pool: pool, url: url}
 }
 
 // client returns a client over the bundle's database with its own registry,

@@ -60,7 +60,12 @@ type Options struct {
 // connected to it. The database is dropped when the test ends.
 func New(t testing.TB, opts *Options) *pgxpool.Pool {
 	t.Helper()
-	url := NewURL(t)
+	return Connect(t, NewURL(t), opts)
+}
+
+// Connect returns a pool on url that is closed when the test ends.
+func Connect(t testing.TB, url string, opts *Options) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatalf("testdb: parse config: %v", err)

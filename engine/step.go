@@ -1,0 +1,120 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ratchet-run/ratchet/steps"
+)
+
+// StepOpts are options for Step. A nil *StepOpts is valid.
+type StepOpts struct {
+	// Policy retries the step. Defaults to Config.StepPolicy.
+	Policy *steps.Policy
+	// Timeout bounds each attempt; an attempt that runs out of time is
+	// indeterminate (it may have happened) and retried with the same key.
+	// Defaults to Config.StepTimeout.
+	Timeout time.Duration
+}
+
+// Step runs fn as the external step called name: outside any transaction,
+// with the step's child idempotency key (steps.ChildKey of the run's tenant,
+// the run id and name), retried by the policy. The key is also in fn's
+// context, so an http.Client using steps.NewTransport sends it as
+// Idempotency-Key without further code.
+//
+// When fn succeeds, its result is committed as the phase, fenced by the
+// lease token, in a single statement. When it fails permanently (see
+// steps.Classify), the failure is committed instead, so that a resumed run
+// gets the same error without calling again. When the policy gives up on a
+// retryable or indeterminate failure, nothing is committed and the error is
+// returned: a workflow that returns it leaves the run unfinished, to be
+// resumed later with the same key.
+//
+// A crash between fn's call and the commit repeats the call on resume, with
+// the same key: the downstream must deduplicate on it.
+func Step[T any](ctx context.Context, name string, fn func(ctx context.Context, key steps.Key) (T, error), opts *StepOpts) (T, error) {
+	var zero T
+	ex, err := executionFrom(ctx)
+	if err != nil {
+		return zero, err
+	}
+	memo, seq, err := ex.enter(name)
+	if err != nil {
+		return zero, err
+	}
+	key := steps.ChildKey(ex.run.Tenant, ex.run.ID, name)
+	ctx, end := ex.c.cfg.Hooks.Phase(ctx, ex.phaseInfo(name, KindStep, seq, memo != nil, string(key)))
+	out, err := func() (T, error) {
+		defer ex.leave()
+		if memo != nil {
+			if memo.Error != nil {
+				return zero, &steps.PermanentError{Code: memo.Error.Code, Err: errors.New(memo.Error.Message)}
+			}
+			return decodeOutput[T](memo)
+		}
+		return runStep(ctx, ex, seq, name, key, fn, opts)
+	}()
+	end(err)
+	return out, err
+}
+
+func runStep[T any](ctx context.Context, ex *execution, seq int, name string, key steps.Key, fn func(context.Context, steps.Key) (T, error), opts *StepOpts) (T, error) {
+	var zero T
+	policy, timeout := ex.c.cfg.StepPolicy, ex.c.cfg.StepTimeout
+	if opts != nil && opts.Policy != nil {
+		policy = *opts.Policy
+	}
+	if opts != nil && opts.Timeout > 0 {
+		timeout = opts.Timeout
+	}
+	log := ex.c.logger.With(slog.String("run_id", ex.run.ID), slog.String("phase", name), slog.String("child_key", string(key)))
+
+	started := time.Now()
+	var out T
+	attempts, err := policy.Do(ctx, nil, func(ctx context.Context, attempt int) error {
+		actx, cancel := context.WithTimeout(steps.WithKey(ctx, key), timeout)
+		defer cancel()
+		o, err := fn(actx, key)
+		if err == nil {
+			out = o
+			return nil
+		}
+		if errors.Is(actx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+			err = &steps.IndeterminateError{Err: fmt.Errorf("step timed out after %s: %w", timeout, err)}
+		}
+		log.InfoContext(ctx, "step attempt failed", slog.Int("attempt", attempt),
+			slog.String("class", steps.Classify(err).String()), slog.String("error", err.Error()))
+		return err
+	})
+	rec := phaseRecord{seq: seq, name: name, kind: KindStep, childKey: (*string)(&key), attempts: attempts, startedAt: &started}
+	if err != nil {
+		var perm *steps.PermanentError
+		if ctx.Err() != nil || steps.Classify(err) != steps.ClassPermanent {
+			return zero, fmt.Errorf("engine: step %q: %w", name, err)
+		}
+		rec.err = classify(err)
+		if errors.As(err, &perm) && perm.Err != nil {
+			rec.err.Message = perm.Err.Error() // replay re-wraps it with the code
+		}
+		if cerr := ex.commitPhase(ctx, ex.c.pool, rec); cerr != nil {
+			return zero, cerr
+		}
+		ex.committed(name)
+		return zero, err
+	}
+	raw, err := json.Marshal(out)
+	if err != nil {
+		return zero, Permanent("invalid_output", fmt.Errorf("step %q: encode output: %w", name, err))
+	}
+	rec.output = raw
+	if err := ex.commitPhase(ctx, ex.c.pool, rec); err != nil {
+		return zero, err
+	}
+	ex.committed(name)
+	return out, nil
+}

@@ -1,0 +1,179 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/internal/fakes"
+	"github.com/ratchet-run/ratchet/steps"
+)
+
+// fastRetries keeps step retries quick in tests.
+var fastRetries = steps.Policy{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond, MaxAttempts: 5}
+
+type payment struct {
+	Amount   int64  `json:"amount"`
+	Customer string `json:"customer"`
+}
+
+// registerPay registers a workflow with one external step that charges the
+// gateway at gatewayURL. tp may be nil (the global tracer provider).
+func registerPay(t testing.TB, workflows *engine.Workflows, gatewayURL string, tp trace.TracerProvider) {
+	t.Helper()
+	if err := addPay(workflows, gatewayURL, tp); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func addPay(workflows *engine.Workflows, gatewayURL string, tp trace.TracerProvider) error {
+	gw := &fakes.GatewayClient{BaseURL: gatewayURL, HTTP: steps.NewClient(&steps.TransportOpts{TracerProvider: tp})}
+	_, err := engine.Register(workflows, "pay", func(ctx context.Context, in payment) (fakes.Charge, error) {
+		return engine.Step(ctx, "charge_created", func(ctx context.Context, _ steps.Key) (fakes.Charge, error) {
+			return gw.Charge(ctx, fakes.ChargeRequest{Amount: in.Amount, Currency: "usd", Customer: in.Customer})
+		}, nil)
+	}, nil)
+	return err
+}
+
+func startPay(t *testing.T, ctx context.Context, c *engine.Client, key string, in payment) *engine.StartResult {
+	t.Helper()
+	input, err := json.Marshal(in)
+	require.NoError(t, err)
+	res, err := c.Start(ctx, engine.StartParams{Workflow: "pay", IdempotencyKey: key, Input: input})
+	require.NoError(t, err)
+	return res
+}
+
+func TestStepSurvivesDroppedResponsesWithOneCharge(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	gw := fakes.NewGateway(&fakes.GatewayOpts{Faults: fakes.Faults{DropAfter: 2}})
+	srv := httptest.NewServer(gw)
+	defer srv.Close()
+	tp := sdktrace.NewTracerProvider()
+	defer tp.Shutdown(context.Background()) //nolint:errcheck
+
+	workflows := engine.NewWorkflows()
+	registerPay(t, workflows, srv.URL, tp)
+	c := b.client(t, workflows, &engine.Config{StepPolicy: fastRetries})
+
+	ctx, span := tp.Tracer("test").Start(context.Background(), "POST /payments")
+	res := startPay(t, ctx, c, "pay-1", payment{Amount: 1299, Customer: "cus_123"})
+	span.End()
+	require.Equal(t, engine.StatusSucceeded, res.Run.Status, "error: %+v", res.Run.Error)
+
+	key := steps.ChildKey(engine.DefaultTenant, res.Run.ID, "charge_created")
+	stats := gw.Stats()
+	require.Equal(t, 1, stats.Charges, "exactly one charge")
+	require.Equal(t, map[string]int{string(key): 1}, stats.ChargesByKey)
+	require.Equal(t, 3, stats.RequestsByKey[string(key)])
+
+	phases, err := c.Phases(context.Background(), res.Run.ID)
+	require.NoError(t, err)
+	require.Len(t, phases, 1)
+	require.Equal(t, engine.KindStep, phases[0].Kind)
+	require.Equal(t, 3, phases[0].Attempts, "the journal records the three attempts")
+	require.Equal(t, string(key), *phases[0].ChildKey)
+
+	for _, r := range gw.Requests() {
+		require.Equal(t, string(key), r.IdempotencyKey, "every attempt sends the child key")
+		parts := strings.Split(r.Traceparent, "-")
+		require.Len(t, parts, 4, "traceparent %q", r.Traceparent)
+		require.Equal(t, span.SpanContext().TraceID().String(), parts[1], "and continues the request's trace")
+	}
+}
+
+func TestDeclinedStepFailsRunAndReplaysWithoutCallingAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	gw := fakes.NewGateway(nil)
+	srv := httptest.NewServer(gw)
+	defer srv.Close()
+	workflows := engine.NewWorkflows()
+	registerPay(t, workflows, srv.URL, nil)
+	c := b.client(t, workflows, &engine.Config{StepPolicy: fastRetries})
+
+	in := payment{Amount: 500, Customer: fakes.DeclinedCustomer}
+	res := startPay(t, context.Background(), c, "pay-1", in)
+	require.Equal(t, engine.StatusFailed, res.Run.Status)
+	require.Equal(t, &engine.RunError{Code: "card_declined", Message: "card_declined: the card was declined"}, res.Run.Error)
+	require.Len(t, gw.Requests(), 1, "a decline is not retried")
+
+	again := startPay(t, context.Background(), c, "pay-1", in)
+	require.Equal(t, engine.OutcomeFinished, again.Outcome)
+	require.Equal(t, res.Run.Error, again.Run.Error)
+	require.Len(t, gw.Requests(), 1, "the replay did not call the gateway")
+
+	phases, err := c.Phases(context.Background(), res.Run.ID)
+	require.NoError(t, err)
+	require.Len(t, phases, 1, "the permanent failure is journaled")
+	require.Equal(t, "card_declined", phases[0].Error.Code)
+	require.Nil(t, phases[0].Output)
+}
+
+func TestStepRetriesExhaustedLeaveRunResumable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	gw := fakes.NewGateway(&fakes.GatewayOpts{Faults: fakes.Faults{FailBefore: 7}})
+	srv := httptest.NewServer(gw)
+	defer srv.Close()
+	workflows := engine.NewWorkflows()
+	registerPay(t, workflows, srv.URL, nil)
+	c := b.client(t, workflows, &engine.Config{StepPolicy: fastRetries, RetryBackoff: func(int) time.Duration { return 0 }})
+
+	res := startPay(t, context.Background(), c, "pay-1", payment{Amount: 1, Customer: "cus_123"})
+	require.Equal(t, engine.StatusPending, res.Run.Status, "unfinished, not failed")
+	require.Equal(t, engine.CodeStepExhausted, res.Run.Error.Code)
+	require.True(t, res.Run.Error.Retryable)
+	require.Len(t, gw.Requests(), 5)
+	require.Equal(t, 0, b.countRows(t, "phases"))
+
+	// The gateway recovers (requests 6 and 7 still fail, then it answers):
+	// resuming finishes the run with the same key and a single charge.
+	run, err := c.Resume(context.Background(), res.Run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, run.Status)
+	require.Equal(t, 1, gw.Stats().Charges)
+	key := string(steps.ChildKey(engine.DefaultTenant, res.Run.ID, "charge_created"))
+	require.Equal(t, 8, gw.Stats().RequestsByKey[key])
+}
+
+func TestStepTimeoutIsIndeterminateAndRetriedWithSameKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	gw := fakes.NewGateway(nil)
+	srv := httptest.NewServer(gw)
+	defer srv.Close()
+	gwClient := &fakes.GatewayClient{BaseURL: srv.URL, HTTP: steps.NewClient(nil)}
+	workflows := engine.NewWorkflows()
+	attempt := 0
+	_, err := engine.Register(workflows, "slowpay", func(ctx context.Context, in payment) (fakes.Charge, error) {
+		return engine.Step(ctx, "charge_created", func(ctx context.Context, _ steps.Key) (fakes.Charge, error) {
+			attempt++
+			if attempt == 1 {
+				// The gateway takes longer than the step's timeout, but charges.
+				ctx = fakes.WithFault(ctx, "latency=300ms")
+			}
+			return gwClient.Charge(ctx, fakes.ChargeRequest{Amount: in.Amount, Currency: "usd", Customer: in.Customer})
+		}, &engine.StepOpts{Timeout: 100 * time.Millisecond})
+	}, nil)
+	require.NoError(t, err)
+	c := b.client(t, workflows, &engine.Config{StepPolicy: steps.Policy{InitialInterval: 400 * time.Millisecond, Jitter: -1}})
+
+	res, err := c.Start(context.Background(), engine.StartParams{Workflow: "slowpay", IdempotencyKey: "k", Input: []byte(`{"amount":5,"customer":"cus_1"}`)})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, res.Run.Status, "%+v", res.Run.Error)
+	require.Equal(t, 1, gw.Stats().Charges, "the timed-out attempt's charge is the one replayed")
+	phases, err := c.Phases(context.Background(), res.Run.ID)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, phases[0].Attempts, 2, "the timed-out attempt was retried")
+}
