@@ -20,6 +20,7 @@ const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=
 type cli struct {
 	Dev     devCmd     `cmd:"" help:"Run the quickstart demo against Postgres: migrate, start a transfer, replay it, reuse its key wrongly, crash it and resume it."`
 	Migrate migrateCmd `cmd:"" help:"Apply Ratchet's and River's migrations to the database."`
+	Fakes   fakesCmd   `cmd:"" help:"Run the fake payment gateway (Stripe-like idempotency, injectable faults) as its own process."`
 }
 
 // env is what every subcommand's Run receives.

@@ -3,6 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -64,4 +68,41 @@ func TestUnknownCommandIsAUsageError(t *testing.T) {
 	code, _, errOut := runMain(t, "bogus")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "unexpected argument bogus")
+}
+
+// lineWriter hands each written line to a channel.
+type lineWriter chan string
+
+func (w lineWriter) Write(p []byte) (int, error) {
+	w <- string(p)
+	return len(p), nil
+}
+
+func TestFakesServesTheGatewayUntilCancelled(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	lines := make(lineWriter, 4)
+	done := make(chan int, 1)
+	go func() { done <- Main(ctx, []string{"fakes", "--gateway-addr", "127.0.0.1:0"}, lines, io.Discard) }()
+
+	banner := <-lines
+	m := regexp.MustCompile(`listening on (http://\S+)`).FindStringSubmatch(banner)
+	require.NotNil(t, m, banner)
+	resp, err := http.Get(m[1] + "/stats")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	cancel()
+	require.Equal(t, 0, <-done)
+}
+
+func TestFakesReportsAPortInUse(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	code, _, errOut := runMain(t, "fakes", "--gateway-addr", ln.Addr().String())
+	require.Equal(t, 1, code)
+	require.Equal(t, "ratchet: fake gateway cannot listen on "+ln.Addr().String()+": bind: address already in use\n", errOut)
 }

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/ratchet-run/ratchet/internal/fakes"
+)
+
+type fakesCmd struct {
+	GatewayAddr string        `name:"gateway-addr" env:"RATCHET_GATEWAY_ADDR" default:"127.0.0.1:4242" help:"Address the fake gateway listens on (env RATCHET_GATEWAY_ADDR)."`
+	FailBefore  int           `name:"fail-before" help:"For each idempotency key, answer the first N requests 500 without charging."`
+	DropAfter   int           `name:"drop-after" help:"For each idempotency key, charge on the next N requests and close the connection without answering."`
+	Latency     time.Duration `name:"latency" help:"Delay every charge by this long."`
+}
+
+func (c *fakesCmd) Run(e *env) error {
+	gw := fakes.NewGateway(&fakes.GatewayOpts{Faults: fakes.Faults{FailBefore: c.FailBefore, DropAfter: c.DropAfter, Latency: c.Latency}})
+	ln, err := net.Listen("tcp", c.GatewayAddr)
+	if err != nil {
+		return fmt.Errorf("fake gateway cannot listen on %s: %s", c.GatewayAddr, reason(err))
+	}
+	fmt.Fprintf(e.stdout, "fake gateway listening on http://%s (POST /v1/charges, GET /v1/charges?idempotency_key=, GET /stats, PUT /faults)\n", ln.Addr())
+	return serve(e.ctx, ln, gw)
+}
+
+// serve runs handler on ln until ctx ends, then shuts down gracefully.
+func serve(ctx context.Context, ln net.Listener, handler http.Handler) error {
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return err
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
