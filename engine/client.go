@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -54,6 +55,11 @@ type Config struct {
 	// StepTimeout bounds each attempt of an external step that does not set
 	// its own. Defaults to 30s.
 	StepTimeout time.Duration
+
+	// Scheduler, if set, is told in every claiming transaction when to look
+	// at the run again (the worker package provides one). Defaults to none:
+	// runs are resumed only by calls to Resume.
+	Scheduler Scheduler
 
 	// Hooks observe run and phase boundaries, e.g. for tracing. Defaults to
 	// none.
@@ -128,6 +134,13 @@ type Client struct {
 	cfg       *Config
 	workflows *Workflows
 	logger    *slog.Logger
+
+	mu          sync.Mutex
+	active      int                     // Start and Resume calls in progress
+	executions  map[*execution]struct{} // executions in progress
+	draining    bool                    // Shutdown has begun
+	handingOver bool                    // Shutdown's grace has ended
+	idle        chan struct{}           // closed when active drops to 0 while draining
 }
 
 // NewClient returns a client that uses pool. It does no I/O: the database
@@ -143,7 +156,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Client{pool: pool, cfg: cfg, workflows: cfg.Workflows, logger: cfg.Logger}, nil
+	return &Client{pool: pool, cfg: cfg, workflows: cfg.Workflows, logger: cfg.Logger, executions: map[*execution]struct{}{}}, nil
 }
 
 // ID returns the lease owner name of this client.

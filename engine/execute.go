@@ -49,6 +49,7 @@ func (c *Client) execute(ctx context.Context, def definition, run *Run, journal 
 	defer lose(nil)
 	ex := &execution{c: c, def: def, run: run, journal: journal, lose: lose, used: make(map[string]bool, len(journal))}
 	ctx = context.WithValue(ctx, executionKey{}, ex)
+	defer c.track(ex)()
 
 	traceparent := ""
 	if run.Traceparent != nil {
@@ -99,6 +100,9 @@ func (c *Client) conclude(ctx context.Context, ex *execution, output []byte, err
 	if errors.Is(context.Cause(ctx), ErrLeaseLost) {
 		log.WarnContext(ctx, "execution superseded: another executor took over the run")
 		return nil, fmt.Errorf("engine: run %s: %w", ex.run.ID, ErrLeaseLost)
+	}
+	if errors.Is(context.Cause(ctx), ErrShutdown) {
+		return c.handOver(ctx, ex)
 	}
 	if ctx.Err() != nil {
 		// Abandoned: the lease stays until it expires, as after a crash.

@@ -92,6 +92,13 @@ func (c *Client) StartTx(ctx context.Context, tx pgx.Tx, p StartParams) (*StartR
 // start implements Start (tx == nil) and StartTx. def is the typed caller's
 // workflow, or nil to look p.Workflow up.
 func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartParams) (*StartResult, error) {
+	if tx == nil {
+		done, err := c.enter()
+		if err != nil {
+			return nil, err
+		}
+		defer done()
+	}
 	registered, err := c.workflows.lookup(p.Workflow)
 	if err != nil {
 		return nil, err
@@ -122,7 +129,7 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 	// A key pruned between the INSERT's conflict and the lookup is free
 	// again; try once more rather than report a run that no longer exists.
 	for range 3 {
-		run, created, err := c.claimKey(ctx, db, def, p, input, fp, tx == nil)
+		run, created, err := c.claimKey(ctx, tx, def, p, input, fp, tx == nil)
 		if err != nil {
 			return nil, err
 		}
@@ -178,8 +185,8 @@ SELECT $1, $2, $3, $4, $5, $6, $7, nullif($8, ''),
 ON CONFLICT (tenant, idempotency_key) DO NOTHING
 RETURNING ` + runColumns
 
-func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartParams, input, fp []byte, lease bool) (*Run, bool, error) {
-	run, ok, err := queryRun(ctx, db, claimKeySQL,
+func (c *Client) claimKey(ctx context.Context, tx pgx.Tx, def definition, p StartParams, input, fp []byte, lease bool) (*Run, bool, error) {
+	run, ok, err := c.claim(ctx, tx, claimKeySQL,
 		ulid.Make().String(), p.Tenant, p.IdempotencyKey, def.Name(), def.version(), input, fp,
 		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter)
 	if err != nil {
@@ -188,8 +195,7 @@ func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartP
 	return run, ok, nil
 }
 
-const lookupKeySQL = `SELECT ` + runColumns + `,
-	coalesce(lease_expires_at > now(), false) AS lease_live
+const lookupKeySQL = `SELECT ` + runColumns + `, ` + leaseColumns + `
 FROM ratchet.runs WHERE tenant = $1 AND idempotency_key = $2`
 
 func (c *Client) lookupKey(ctx context.Context, db dbtx, tenant, key string) (*leasedRun, error) {
@@ -229,7 +235,12 @@ RETURNING ` + runColumns
 // by a live executor returns a *LeaseHeldError. An unknown id returns
 // ErrRunNotFound.
 func (c *Client) Resume(ctx context.Context, runID string) (*Run, error) {
-	run, ok, err := queryRun(ctx, c.pool, takeOverSQL, runID, c.cfg.ID, c.cfg.StaleAfter)
+	done, err := c.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	run, ok, err := c.claim(ctx, nil, takeOverSQL, runID, c.cfg.ID, c.cfg.StaleAfter)
 	if err != nil {
 		return nil, fmt.Errorf("engine: take over run: %w", err)
 	}
