@@ -45,7 +45,7 @@ func Atomic[T any](ctx context.Context, name string, fn func(ctx context.Context
 
 func runAtomic[T any](ctx context.Context, ex *execution, seq int, name string, fn func(context.Context, pgx.Tx) (T, error)) (T, error) {
 	var zero T
-	tx, err := ex.c.pool.Begin(ctx)
+	tx, err := ex.c.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: ex.c.beginPhase})
 	if err != nil {
 		return zero, fmt.Errorf("engine: phase %q: begin: %w", name, err)
 	}

@@ -134,6 +134,8 @@ type Client struct {
 	cfg       *Config
 	workflows *Workflows
 	logger    *slog.Logger
+	// beginPhase opens an atomic phase's transaction (see NewClient).
+	beginPhase string
 
 	mu          sync.Mutex
 	active      int                     // Start and Resume calls in progress
@@ -156,7 +158,15 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Client{pool: pool, cfg: cfg, workflows: cfg.Workflows, logger: cfg.Logger, executions: map[*execution]struct{}{}}, nil
+	return &Client{
+		pool: pool, cfg: cfg, workflows: cfg.Workflows, logger: cfg.Logger, executions: map[*execution]struct{}{},
+		// An executor paused inside a phase's transaction (a "zombie") may
+		// hold the run's row lock, and a takeover would wait on it for as
+		// long as the pause lasts. Postgres ends a session idle in a
+		// transaction for StaleAfter; the zombie's commit then fails. Sent
+		// with BEGIN as one simple-protocol message: no extra round trip.
+		beginPhase: fmt.Sprintf("BEGIN; SET LOCAL idle_in_transaction_session_timeout = %d", cfg.StaleAfter.Milliseconds()),
+	}, nil
 }
 
 // ID returns the lease owner name of this client.

@@ -164,9 +164,12 @@ func (c *Client) finish(ctx context.Context, ex *execution, status Status, outpu
 }
 
 // retrySQL releases a run after a retryable failure, to be executed again
-// from its recovery point no earlier than the backoff allows.
+// from its recovery point no earlier than the backoff allows. Like a hand
+// over, the release takes a new token, so the look scheduled with it (at
+// next_attempt_at) is the one that counts.
 const retrySQL = `
 UPDATE ratchet.runs SET
+	lease_token = lease_token + 1,
 	status = 'pending',
 	error = $3,
 	next_attempt_at = now() + $4::interval,
@@ -178,7 +181,7 @@ RETURNING ` + runColumns
 
 func (c *Client) retryLater(ctx context.Context, ex *execution, runErr *RunError) (*Run, error) {
 	backoff := c.cfg.RetryBackoff(ex.run.Attempt)
-	run, ok, err := queryRun(ctx, c.pool, retrySQL, ex.run.ID, ex.run.LeaseToken, runErr, backoff)
+	run, ok, err := c.claim(ctx, nil, retrySQL, ex.run.ID, ex.run.LeaseToken, runErr, backoff)
 	if err != nil {
 		return nil, fmt.Errorf("engine: release run %s for retry: %w", ex.run.ID, err)
 	}

@@ -1,0 +1,340 @@
+package worker_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/internal/fakes"
+	"github.com/ratchet-run/ratchet/steps"
+	"github.com/ratchet-run/ratchet/worker"
+)
+
+// The tests start this test binary again as Ratchet processes: a worker, or
+// an API-like process that executes a run inline. They talk over stdin and
+// stdout in lines:
+//
+//	out: READY | AT <point> <key> | DONE <key> <status or error> | STOPPED
+//	in:  go (release one paused point) | start <key>
+const helperEnv = "RATCHET_WORKER_TEST_HELPER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		if err := helperMain(); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// order is the input of the three-phase test workflow.
+type order struct {
+	Key      string `json:"key"`
+	Amount   int64  `json:"amount"`
+	Customer string `json:"customer"`
+}
+
+func orderInput(key string) []byte {
+	b, _ := json.Marshal(order{Key: key, Amount: 1299, Customer: "cus_123"})
+	return b
+}
+
+// pauser stops a workflow at named points until told to go on.
+type pauser struct {
+	points map[string]bool
+	out    func(string)
+	goOn   chan struct{}
+}
+
+func (p *pauser) at(ctx context.Context, point, key string) error {
+	if !p.points[point] {
+		return nil
+	}
+	p.out(fmt.Sprintf("AT %s %s", point, key))
+	select {
+	case <-p.goOn:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// addOrderFlow registers "order": reserve (atomic), charge (external step),
+// post (atomic). Atomic phases insert a row into effects, so a phase run
+// twice shows as two rows.
+func addOrderFlow(workflows *engine.Workflows, gatewayURL string, p *pauser) error {
+	gw := &fakes.GatewayClient{BaseURL: gatewayURL, HTTP: steps.NewClient(nil)}
+	effect := func(ctx context.Context, tx pgx.Tx, key, phase string) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (order_key, phase, pid) VALUES ($1, $2, $3)`, key, phase, os.Getpid())
+		return err
+	}
+	_, err := engine.Register(workflows, "order", func(ctx context.Context, in order) (fakes.Charge, error) {
+		var none fakes.Charge
+		if _, err := engine.Atomic(ctx, "reserved", func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+			if err := effect(ctx, tx, in.Key, "reserved"); err != nil {
+				return struct{}{}, err
+			}
+			return struct{}{}, p.at(ctx, "reserved.before-commit", in.Key)
+		}); err != nil {
+			return none, err
+		}
+		if err := p.at(ctx, "reserved.after-commit", in.Key); err != nil {
+			return none, err
+		}
+		ch, err := engine.Step(ctx, "charged", func(ctx context.Context, _ steps.Key) (fakes.Charge, error) {
+			ch, err := gw.Charge(ctx, fakes.ChargeRequest{Amount: in.Amount, Currency: "usd", Customer: in.Customer})
+			if err == nil {
+				err = p.at(ctx, "charged.mid", in.Key) // charged, not yet committed
+			}
+			return ch, err
+		}, nil)
+		if err != nil {
+			return none, err
+		}
+		if err := p.at(ctx, "charged.after-commit", in.Key); err != nil {
+			return none, err
+		}
+		if _, err := engine.Atomic(ctx, "posted", func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+			if err := effect(ctx, tx, in.Key, "posted"); err != nil {
+				return struct{}{}, err
+			}
+			return struct{}{}, p.at(ctx, "posted.before-commit", in.Key)
+		}); err != nil {
+			return none, err
+		}
+		return ch, p.at(ctx, "posted.after-commit", in.Key)
+	}, nil)
+	return err
+}
+
+func durationEnv(name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(name)); err == nil {
+		return d
+	}
+	return def
+}
+
+func helperMain() error {
+	ctx := context.Background()
+	var outMu sync.Mutex
+	out := func(line string) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		fmt.Println(line)
+	}
+	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
+	if err != nil {
+		return err
+	}
+	cfg.MaxConns = 12
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	p := &pauser{points: map[string]bool{}, out: out, goOn: make(chan struct{})}
+	for _, point := range strings.Split(os.Getenv("PAUSE_AT"), ",") {
+		if point != "" {
+			p.points[point] = true
+		}
+	}
+	workflows := engine.NewWorkflows()
+	if err := addOrderFlow(workflows, os.Getenv("GATEWAY_URL"), p); err != nil {
+		return err
+	}
+	staleAfter := durationEnv("STALE_AFTER", 2*time.Second)
+	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	w, err := worker.New(pool, &worker.Config{
+		Engine: engine.Config{
+			Workflows: workflows, StaleAfter: staleAfter, HeartbeatInterval: staleAfter / 4,
+			StepPolicy:   steps.Policy{InitialInterval: 10 * time.Millisecond, MaxAttempts: 3},
+			RetryBackoff: func(int) time.Duration { return 100 * time.Millisecond },
+		},
+		InsertOnly:        os.Getenv("INSERT_ONLY") != "",
+		FetchPollInterval: 50 * time.Millisecond,
+		SweepInterval:     time.Second,
+		StuckLookAfter:    2 * time.Second,
+		ShutdownGrace:     durationEnv("GRACE", 5*time.Second),
+		Logger:            logger,
+	})
+	if err != nil {
+		return err
+	}
+	if err := w.Start(ctx); err != nil {
+		return err
+	}
+	start := func(key string) {
+		res, err := w.Engine().Start(ctx, engine.StartParams{Workflow: "order", IdempotencyKey: key, Input: orderInput(key)})
+		switch {
+		case err != nil:
+			out(fmt.Sprintf("DONE %s error: %v", key, err))
+		default:
+			out(fmt.Sprintf("DONE %s %s", key, res.Run.Status))
+		}
+	}
+	if key := os.Getenv("RUN_KEY"); key != "" {
+		go start(key)
+	}
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			switch cmd, arg, _ := strings.Cut(sc.Text(), " "); cmd {
+			case "go":
+				p.goOn <- struct{}{}
+			case "start":
+				go start(arg)
+			}
+		}
+	}()
+	out("READY")
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := w.Stop(stopCtx); err != nil {
+		return err
+	}
+	out("STOPPED")
+	return nil
+}
+
+// proc is a helper process seen from the test.
+type proc struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan string
+	stderr *syncBuffer
+	exited chan struct{}
+	err    error
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// startProc starts a helper process with env added and waits for READY.
+func startProc(t *testing.T, env ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), helperEnv+"=1"), env...)
+	p := &proc{t: t, cmd: cmd, lines: make(chan string, 100), stderr: &syncBuffer{}, exited: make(chan struct{})}
+	cmd.Stderr = p.stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.stdin, err = cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		p.err = cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			_ = cmd.Process.Kill()
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("stderr of process %d:\n%s", cmd.Process.Pid, tail(p.stderr.String(), 4000))
+		}
+	})
+	p.expect("READY")
+	return p
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// expect waits for a line starting with prefix and returns it, skipping
+// other lines.
+func (p *proc) expect(prefix string) string {
+	p.t.Helper()
+	timeout := time.After(60 * time.Second)
+	for {
+		select {
+		case line := <-p.lines:
+			if strings.HasPrefix(line, prefix) {
+				return line
+			}
+		case <-p.exited:
+			p.t.Fatalf("process %d exited (%v) waiting for %q; stderr:\n%s", p.cmd.Process.Pid, p.err, prefix, tail(p.stderr.String(), 4000))
+		case <-timeout:
+			p.t.Fatalf("process %d: timed out waiting for %q", p.cmd.Process.Pid, prefix)
+		}
+	}
+}
+
+func (p *proc) send(line string) {
+	p.t.Helper()
+	if _, err := io.WriteString(p.stdin, line+"\n"); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+func (p *proc) signal(sig syscall.Signal) {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// wait waits for the process to exit.
+func (p *proc) wait() error {
+	p.t.Helper()
+	select {
+	case <-p.exited:
+		return p.err
+	case <-time.After(60 * time.Second):
+		p.t.Fatalf("process %d did not exit", p.cmd.Process.Pid)
+		return nil
+	}
+}
