@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratchet-run/ratchet/engine"
 	"github.com/ratchet-run/ratchet/internal/testdb"
+	"github.com/ratchet-run/ratchet/worker"
 )
 
 // benchConcurrency is the number of callers driving the database at once.
@@ -92,62 +93,90 @@ func drive(b *testing.B, op func(ctx context.Context, i int) error) float64 {
 //
 //	go test -run '^$' -bench Phases -benchtime 5000x ./engine/
 func BenchmarkPhases(b *testing.B) {
-	b.Run("workflow=noop3", func(b *testing.B) {
-		counter := &statementCounter{}
-		pool := benchPool(b, counter)
-		workflows := engine.NewWorkflows()
-		noop := func(context.Context, pgx.Tx) (struct{}, error) { return struct{}{}, nil }
-		_, err := engine.Register(workflows, "noop3", func(ctx context.Context, _ struct{}) (struct{}, error) {
-			for _, name := range []string{"one", "two", "three"} {
-				if _, err := engine.Atomic(ctx, name, noop); err != nil {
-					return struct{}{}, err
-				}
-			}
-			return struct{}{}, nil
-		}, nil)
-		require.NoError(b, err)
-		c, err := engine.NewClient(pool, &engine.Config{Workflows: workflows})
-		require.NoError(b, err)
+	b.Run("workflow=noop3", func(b *testing.B) { benchNoop3(b, false) })
+	b.Run("workflow=noop3,scheduled", func(b *testing.B) { benchNoop3(b, true) })
+	b.Run("bare=insert+update", benchBare)
+}
 
-		// Round trips of a phase commit, counted on one run by itself.
-		phaseTrips := func() int64 {
-			before := counter.n.Load()
-			_, err := c.Start(context.Background(), engine.StartParams{Workflow: "noop3", IdempotencyKey: "probe", Input: []byte(`{}`)})
-			require.NoError(b, err)
-			return counter.n.Load() - before
-		}()
-
-		counter.n.Store(0)
-		runsPerSec := drive(b, func(ctx context.Context, i int) error {
-			res, err := c.Start(ctx, engine.StartParams{Workflow: "noop3", IdempotencyKey: fmt.Sprint("run-", i), Input: []byte(`{}`)})
-			if err == nil && res.Run.Status != engine.StatusSucceeded {
-				err = fmt.Errorf("run ended %s", res.Run.Status)
+// benchNoop3 runs the no-op three-phase workflow; scheduled adds what a
+// process with a worker pays: the River look inserted with each claim.
+func benchNoop3(b *testing.B, scheduled bool) {
+	counter := &statementCounter{}
+	pool := benchPool(b, counter)
+	workflows := engine.NewWorkflows()
+	noop := func(context.Context, pgx.Tx) (struct{}, error) { return struct{}{}, nil }
+	_, err := engine.Register(workflows, "noop3", func(ctx context.Context, _ struct{}) (struct{}, error) {
+		for _, name := range []string{"one", "two", "three"} {
+			if _, err := engine.Atomic(ctx, name, noop); err != nil {
+				return struct{}{}, err
 			}
-			return err
-		})
-		b.ReportMetric(3*runsPerSec, "phases/s")
-		b.ReportMetric(float64(counter.n.Load())/float64(b.N), "roundtrips/run")
-		b.ReportMetric(float64(phaseTrips-2)/3, "roundtrips/phase")
+		}
+		return struct{}{}, nil
+	}, nil)
+	require.NoError(b, err)
+	var c *engine.Client
+	if scheduled {
+		w, err := worker.New(pool, &worker.Config{InsertOnly: true, Engine: engine.Config{Workflows: workflows}})
+		require.NoError(b, err)
+		c = w.Engine()
+	} else {
+		c, err = engine.NewClient(pool, &engine.Config{Workflows: workflows})
+		require.NoError(b, err)
+	}
+
+	// Round trips inside phases, counted by hooks on one run by itself.
+	probe := &phaseTripCounter{counter: counter}
+	probeClient, err := engine.NewClient(pool, &engine.Config{Workflows: workflows, Hooks: probe})
+	require.NoError(b, err)
+	_, err = probeClient.Start(context.Background(), engine.StartParams{Workflow: "noop3", IdempotencyKey: "probe", Input: []byte(`{}`)})
+	require.NoError(b, err)
+
+	counter.n.Store(0)
+	runsPerSec := drive(b, func(ctx context.Context, i int) error {
+		res, err := c.Start(ctx, engine.StartParams{Workflow: "noop3", IdempotencyKey: fmt.Sprint("run-", i), Input: []byte(`{}`)})
+		if err == nil && res.Run.Status != engine.StatusSucceeded {
+			err = fmt.Errorf("run ended %s", res.Run.Status)
+		}
+		return err
 	})
+	b.ReportMetric(3*runsPerSec, "phases/s")
+	b.ReportMetric(float64(counter.n.Load())/float64(b.N), "roundtrips/run")
+	b.ReportMetric(float64(probe.trips.Load())/3, "roundtrips/phase")
+}
 
-	b.Run("bare=insert+update", func(b *testing.B) {
-		pool := benchPool(b, nil)
-		_, err := pool.Exec(context.Background(), `
+// phaseTripCounter counts the statements sent while phases run.
+type phaseTripCounter struct {
+	counter *statementCounter
+	trips   atomic.Int64
+}
+
+func (h *phaseTripCounter) Run(ctx context.Context, _ engine.RunInfo) (context.Context, func(engine.RunEnd)) {
+	return ctx, func(engine.RunEnd) {}
+}
+
+func (h *phaseTripCounter) Phase(ctx context.Context, _ engine.PhaseInfo) (context.Context, func(error)) {
+	before := h.counter.n.Load()
+	return ctx, func(error) { h.trips.Add(h.counter.n.Load() - before) }
+}
+
+// benchBare is the ceiling: a transaction of one INSERT and one UPDATE.
+func benchBare(b *testing.B) {
+	pool := benchPool(b, nil)
+	_, err := pool.Exec(context.Background(), `
 			CREATE TABLE bare_runs (id text PRIMARY KEY, point text NOT NULL);
 			CREATE TABLE bare_journal (run_id text NOT NULL, seq int NOT NULL, PRIMARY KEY (run_id, seq))`)
+	require.NoError(b, err)
+	for i := range benchConcurrency {
+		_, err := pool.Exec(context.Background(), `INSERT INTO bare_runs VALUES ($1, 'started')`, fmt.Sprint(i))
 		require.NoError(b, err)
-		for i := range benchConcurrency {
-			_, err := pool.Exec(context.Background(), `INSERT INTO bare_runs VALUES ($1, 'started')`, fmt.Sprint(i))
-			require.NoError(b, err)
-		}
-		drive(b, func(ctx context.Context, i int) error {
-			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, `INSERT INTO bare_journal VALUES ($1, $2)`, fmt.Sprint(i%benchConcurrency), i); err != nil {
-					return err
-				}
-				_, err := tx.Exec(ctx, `UPDATE bare_runs SET point = $2 WHERE id = $1`, fmt.Sprint(i%benchConcurrency), fmt.Sprint(i))
+	}
+	drive(b, func(ctx context.Context, i int) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO bare_journal VALUES ($1, $2)`, fmt.Sprint(i%benchConcurrency), i); err != nil {
 				return err
-			})
+			}
+			_, err := tx.Exec(ctx, `UPDATE bare_runs SET point = $2 WHERE id = $1`, fmt.Sprint(i%benchConcurrency), fmt.Sprint(i))
+			return err
 		})
 	})
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/internal/fakes"
 	"github.com/ratchet-run/ratchet/worker"
 )
 
@@ -27,6 +28,7 @@ func TestChaosWorkersKilledAndRestarted(t *testing.T) {
 		runs = n
 	}
 	b := setup(t)
+	b.gateway.SetFaults(fakes.Faults{Latency: 5 * time.Millisecond}) // spread the work over some seconds
 	const staleAfter = 2 * time.Second
 	env := b.env("STALE_AFTER=" + staleAfter.String())
 
@@ -55,15 +57,16 @@ func TestChaosWorkersKilledAndRestarted(t *testing.T) {
 		_, err := b.pollFinished(5*time.Minute, keys...)
 		done <- err
 	}()
-	ticker := time.NewTicker(2 * time.Second)
-	defer ticker.Stop()
+	// The first kill comes early, while there is surely work in flight.
+	next := time.After(300 * time.Millisecond)
 loop:
 	for {
 		select {
 		case err := <-done:
 			require.NoError(t, err)
 			break loop
-		case <-ticker.C:
+		case <-next:
+			next = time.After(2 * time.Second)
 			i := rand.IntN(len(procs))
 			procs[i].signal(syscall.SIGKILL)
 			procs[i].wait()
