@@ -12,6 +12,7 @@ import (
 	"github.com/ratchet-run/ratchet/engine"
 	"github.com/ratchet-run/ratchet/examples/quickstart"
 	"github.com/ratchet-run/ratchet/migrations"
+	"github.com/ratchet-run/ratchet/worker"
 )
 
 type devCmd struct {
@@ -44,10 +45,20 @@ func (c *devCmd) Run(e *env) error {
 	if err != nil {
 		return err
 	}
-	client, err := engine.NewClient(pool, &engine.Config{Workflows: workflows, StaleAfter: c.StaleAfter, ID: "dev-executor-1"})
+	engineCfg := engine.Config{Workflows: workflows, StaleAfter: c.StaleAfter, ID: "dev-executor-1"}
+	w, err := worker.New(pool, &worker.Config{Engine: engineCfg, FetchPollInterval: 100 * time.Millisecond})
 	if err != nil {
 		return err
 	}
+	if err := w.Start(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = w.Stop(stopCtx)
+	}()
+	client := w.Engine()
 
 	key := "demo-" + strings.ToLower(ulid.Make().String())
 	in := quickstart.TransferInput{From: "alice", To: "bob", Amount: 1299}
@@ -77,14 +88,13 @@ func (c *devCmd) Run(e *env) error {
 	crashKey := key + "-crash"
 	out("\n4. A run whose executor dies after its first phase (key %q)", crashKey)
 	crashCtx, crash := context.WithCancel(ctx)
-	crashing, err := engine.NewClient(pool, &engine.Config{
-		Workflows: workflows, StaleAfter: c.StaleAfter, ID: "dev-executor-doomed",
-		Hooks: crashAfter{phase: "debited", crash: crash},
-	})
+	doomedCfg := engineCfg
+	doomedCfg.ID, doomedCfg.Hooks = "dev-executor-doomed", crashAfter{phase: "debited", crash: crash}
+	doomed, err := worker.New(pool, &worker.Config{Engine: doomedCfg, InsertOnly: true})
 	if err != nil {
 		return err
 	}
-	abandoned, err := transfer.Start(crashCtx, crashing, crashKey, in, nil)
+	abandoned, err := transfer.Start(crashCtx, doomed.Engine(), crashKey, in, nil)
 	if !errors.Is(err, context.Canceled) {
 		return fmt.Errorf("expected the doomed executor to be abandoned, got %v", err)
 	}
@@ -93,13 +103,13 @@ func (c *devCmd) Run(e *env) error {
 		return err
 	}
 	out("   run %s left %s at recovery point %q, leased by %s (token %d)", run.ID, run.Status, run.RecoveryPoint, *run.LeaseOwner, run.LeaseToken)
-	out("   waiting for the lease to go stale (stale-after %s), then resuming on another executor...", c.StaleAfter)
+	out("   the worker will take it over once the lease is stale (stale-after %s)...", c.StaleAfter)
 	began := time.Now()
-	resumed, err := resumeWhenStale(ctx, client, run.ID)
+	resumed, err := awaitFinished(ctx, client, run.ID)
 	if err != nil {
 		return err
 	}
-	out("   resumed after %s by %s (token %d): %s, output %s", time.Since(began).Round(10*time.Millisecond), client.ID(), resumed.LeaseToken, resumed.Status, resumed.Output)
+	out("   the worker took it over %s later (token %d): %s, output %s", time.Since(began).Round(10*time.Millisecond), resumed.LeaseToken, resumed.Status, resumed.Output)
 	phases, err := client.Phases(ctx, run.ID)
 	if err != nil {
 		return err
@@ -111,13 +121,14 @@ func (c *devCmd) Run(e *env) error {
 	return nil
 }
 
-// resumeWhenStale resumes a run as soon as its lease has expired.
-func resumeWhenStale(ctx context.Context, client *engine.Client, runID string) (*engine.Run, error) {
+// awaitFinished polls until the run has finished: the worker resumes it in
+// this process, but through River, so there is nothing to wait on here.
+func awaitFinished(ctx context.Context, client *engine.Client, runID string) (*engine.Run, error) {
 	ticker := time.NewTicker(50 * time.Millisecond)
 	defer ticker.Stop()
 	for {
-		run, err := client.Resume(ctx, runID)
-		if !errors.Is(err, engine.ErrLeaseHeld) {
+		run, err := client.Run(ctx, runID)
+		if err != nil || run.Status.Finished() {
 			return run, err
 		}
 		select {

@@ -32,7 +32,7 @@ func TestDevRunsTheQuickstartDemo(t *testing.T) {
 		"finished: stored output replayed",
 		"rejected: engine: idempotency key belongs to run",
 		`left running at recovery point "debited"`,
-		"by dev-executor-1 (token 2): succeeded",
+		"the worker took it over", "(token 2): succeeded",
 		"phase 0 debited", "phase 1 credited",
 	} {
 		require.Contains(t, out, want)
