@@ -228,6 +228,21 @@ type proc struct {
 	stderr *syncBuffer
 	exited chan struct{}
 	err    error
+
+	mu  sync.Mutex
+	all []string // every line printed so far
+}
+
+// printed returns the first line printed so far that starts with prefix.
+func (p *proc) printed(prefix string) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.all {
+		if strings.HasPrefix(l, prefix) {
+			return l, true
+		}
+	}
+	return "", false
 }
 
 type syncBuffer struct {
@@ -267,6 +282,9 @@ func startProc(t *testing.T, env ...string) *proc {
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
+			p.mu.Lock()
+			p.all = append(p.all, sc.Text())
+			p.mu.Unlock()
 			p.lines <- sc.Text()
 		}
 		p.err = cmd.Wait()
@@ -306,10 +324,36 @@ func (p *proc) expect(prefix string) string {
 				return line
 			}
 		case <-p.exited:
+			// Every line was queued before exited closed.
+			for {
+				select {
+				case line := <-p.lines:
+					if strings.HasPrefix(line, prefix) {
+						return line
+					}
+					continue
+				default:
+				}
+				break
+			}
 			p.t.Fatalf("process %d exited (%v) waiting for %q; stderr:\n%s", p.cmd.Process.Pid, p.err, prefix, tail(p.stderr.String(), 4000))
 		case <-timeout:
 			p.t.Fatalf("process %d: timed out waiting for %q", p.cmd.Process.Pid, prefix)
 		}
+	}
+}
+
+// awaitLog waits until the process has logged a line containing s. Its
+// stderr is copied asynchronously, so a log line written before a stdout
+// line may arrive after it.
+func (p *proc) awaitLog(s string) {
+	p.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(p.stderr.String(), s) {
+		if time.Now().After(deadline) {
+			p.t.Fatalf("process %d never logged %q; stderr:\n%s", p.cmd.Process.Pid, s, tail(p.stderr.String(), 4000))
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

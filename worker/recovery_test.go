@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -89,7 +88,7 @@ func TestZombieResumedAfterSIGSTOPIsFencedAndKeepsServing(t *testing.T) {
 	zombie.send("go") // its next commit
 	done := zombie.expect("DONE z1")
 	require.Contains(t, done, "lease lost")
-	require.Contains(t, zombie.stderr.String(), "superseded")
+	zombie.awaitLog("superseded")
 	b.requireExactlyOnce(t, "z1")
 
 	zombie.send("start z2")
@@ -109,13 +108,15 @@ func TestSIGTERMHandsRunOverWellBeforeStaleAfter(t *testing.T) {
 
 	leaving.signal(syscall.SIGTERM)
 	termAt := time.Now()
-	require.Contains(t, leaving.expect("DONE t1"), "shutting down")
-	leaving.expect("STOPPED")
-	require.NoError(t, leaving.wait())
+	require.NoError(t, leaving.wait(), "a graceful stop exits 0")
+	done, _ := leaving.printed("DONE t1")
+	require.Contains(t, done, "shutting down", "its execution was handed over")
+	_, stopped := leaving.printed("STOPPED")
+	require.True(t, stopped)
 
 	finished := b.awaitFinished(t, 30*time.Second, "t1")
 	took := finished["t1"].Sub(termAt)
 	require.Less(t, took, 3*time.Second, "continued at once, not after stale_after (%s)", staleAfter)
 	b.requireExactlyOnce(t, "t1")
-	require.True(t, strings.Contains(leaving.stderr.String(), "handed run over"))
+	leaving.awaitLog("handed run over")
 }
