@@ -59,13 +59,14 @@ func runAtomic[T any](ctx context.Context, ex *execution, seq int, name string, 
 	if err != nil {
 		return zero, Permanent("invalid_output", fmt.Errorf("phase %q: encode output: %w", name, err))
 	}
-	if err := ex.commitPhase(ctx, tx, phaseRecord{seq: seq, name: name, kind: KindAtomic, output: raw, attempts: 1}); err != nil {
+	cancel, err := ex.commitPhase(ctx, tx, phaseRecord{seq: seq, name: name, kind: KindAtomic, output: raw, attempts: 1})
+	if err != nil {
 		return zero, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return zero, ex.breakOff(fmt.Errorf("engine: phase %q: commit: %w", name, err))
 	}
-	ex.committed(name)
+	ex.committed(name, cancel)
 	return out, nil
 }
 
@@ -92,28 +93,52 @@ type phaseRecord struct {
 // commitPhaseSQL writes a journal row and advances the recovery point in one
 // statement, fenced by the lease token: when the token no longer matches,
 // the UPDATE matches nothing, the INSERT selects nothing, and no row changes.
+//
+// It also honours cancellation without a round trip of its own: when one
+// has been requested, an atomic phase ($11 false) is refused, so that its
+// transaction rolls back and the run stops at this boundary; a step's
+// result ($11 true) is committed anyway, since the call has happened. The
+// last two columns say which of these befell a refused commit (read from
+// the statement's snapshot: a race with a concurrent change reads as a lost
+// lease, which stops the execution just as safely).
 const commitPhaseSQL = `
 WITH advanced AS (
 	UPDATE ratchet.runs SET recovery_point = $3, updated_at = now()
 	WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
-	RETURNING id
+		AND (cancel_requested_at IS NULL OR $11)
+	RETURNING id, cancel_requested_at IS NOT NULL AS cancel
+), journaled AS (
+	INSERT INTO ratchet.phases (run_id, seq, name, kind, output, child_key, attempts, error, started_at, finished_at)
+	SELECT id, $4, $3, $5, $6, $7, $8, $9, coalesce($10, now()), clock_timestamp() FROM advanced
+	RETURNING 1
 )
-INSERT INTO ratchet.phases (run_id, seq, name, kind, output, child_key, attempts, error, started_at, finished_at)
-SELECT id, $4, $3, $5, $6, $7, $8, $9, coalesce($10, now()), clock_timestamp() FROM advanced`
+SELECT EXISTS (SELECT 1 FROM journaled),
+	coalesce((SELECT cancel FROM advanced), false),
+	coalesce((SELECT lease_token = $2 AND finished_at IS NULL AND cancel_requested_at IS NOT NULL
+		FROM ratchet.runs WHERE id = $1), false)`
 
 // commitPhase runs commitPhaseSQL on db (the phase's transaction, or the
-// pool for a step). Zero rows means the lease was lost: the execution is
-// cancelled and the caller must roll back.
-func (ex *execution) commitPhase(ctx context.Context, db dbtx, p phaseRecord) error {
-	tag, err := db.Exec(ctx, commitPhaseSQL,
-		ex.run.ID, ex.run.LeaseToken, p.name, p.seq, p.kind, p.output, p.childKey, p.attempts, p.err, p.startedAt)
-	if err != nil {
-		return ex.breakOff(fmt.Errorf("engine: phase %q: commit journal: %w", p.name, err))
+// pool for a step). A refused commit returns ErrCancelled (the run is to
+// stop here) or a lease-lost error (the execution is cancelled); either
+// way the caller must roll back. cancel reports a cancellation to honour at
+// the next boundary.
+func (ex *execution) commitPhase(ctx context.Context, db dbtx, p phaseRecord) (cancel bool, err error) {
+	var committed, refusedForCancel bool
+	err = db.QueryRow(ctx, commitPhaseSQL,
+		ex.run.ID, ex.run.LeaseToken, p.name, p.seq, p.kind, p.output, p.childKey, p.attempts, p.err, p.startedAt,
+		p.kind != KindAtomic).Scan(&committed, &cancel, &refusedForCancel)
+	switch {
+	case err != nil:
+		return false, ex.breakOff(fmt.Errorf("engine: phase %q: commit journal: %w", p.name, err))
+	case committed:
+		return cancel, nil
+	case refusedForCancel:
+		ex.mu.Lock()
+		ex.cancelled, ex.stopped = true, true
+		ex.mu.Unlock()
+		return false, ErrCancelled
 	}
-	if tag.RowsAffected() == 0 {
-		return ex.leaseLost(ctx)
-	}
-	return nil
+	return false, ex.leaseLost(ctx)
 }
 
 // enter reserves the next journal position for phase name. It returns the
@@ -127,6 +152,9 @@ func (ex *execution) enter(name string) (memo *Phase, seq int, err error) {
 		return nil, 0, ex.fatal
 	case ex.broken != nil:
 		return nil, 0, ex.broken
+	case ex.cancelled:
+		ex.stopped = true
+		return nil, 0, ErrCancelled
 	case ex.inPhase:
 		ex.fatal = &phaseUsageError{code: CodeInvalidPhase, msg: fmt.Sprintf("phase %q called while another phase of the run is in progress: phases must run one after another", name)}
 		return nil, 0, ex.fatal
@@ -154,12 +182,14 @@ func (ex *execution) enter(name string) (memo *Phase, seq int, err error) {
 	return nil, seq, nil
 }
 
-// committed records that the phase entered last is in the journal.
-func (ex *execution) committed(name string) {
+// committed records that the phase entered last is in the journal, and
+// whether a cancellation is pending.
+func (ex *execution) committed(name string, cancel bool) {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	ex.next++
 	ex.used[name] = true
+	ex.cancelled = ex.cancelled || cancel
 }
 
 func (ex *execution) leave() {

@@ -36,7 +36,22 @@ var (
 
 	// ErrNotInRun means a phase function was called outside a workflow run.
 	ErrNotInRun = errors.New("engine: phase called outside a workflow run")
+
+	// ErrCancelled is returned by a phase function of a run whose
+	// cancellation was requested: the run stops at this phase boundary.
+	// A workflow should return it (wrapped or not).
+	ErrCancelled = errors.New("engine: run cancelled")
+
+	// ErrFinished means the run has already finished, so it cannot be
+	// cancelled, or reopened unless it failed.
+	ErrFinished = errors.New("engine: run already finished")
+
+	// ErrNotFailed means a reopen was asked of a run that has not failed.
+	ErrNotFailed = errors.New("engine: run has not failed")
 )
+
+// cancelledError is stored with a cancelled run.
+var cancelledError = &RunError{Code: CodeCancelled, Message: "run cancelled"}
 
 // MismatchError reports a key reused with a different request. Nothing was
 // executed and the stored run is untouched.
@@ -89,6 +104,7 @@ const (
 	CodePanic          = "panic"
 	CodeStepExhausted  = "step_retries_exhausted"
 	CodeIndeterminate  = "indeterminate"
+	CodeCancelled      = "cancelled"
 )
 
 // PermanentError marks an error that retrying cannot fix (a declined card, a

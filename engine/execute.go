@@ -30,6 +30,9 @@ type execution struct {
 	// broken, once set, ends the execution retryably: a commit's outcome is
 	// unknown, so only a fresh read of the journal can say where the run is.
 	broken error
+	// cancelled, once set, stops the run at the next phase boundary;
+	// stopped records that it did, whatever the workflow then returns.
+	cancelled, stopped bool
 }
 
 func executionFrom(ctx context.Context) (*execution, error) {
@@ -47,7 +50,10 @@ func executionFrom(ctx context.Context) (*execution, error) {
 func (c *Client) execute(ctx context.Context, def definition, run *Run, journal []Phase) (*Run, error) {
 	ctx, lose := context.WithCancelCause(ctx)
 	defer lose(nil)
-	ex := &execution{c: c, def: def, run: run, journal: journal, lose: lose, used: make(map[string]bool, len(journal))}
+	ex := &execution{c: c, def: def, run: run, journal: journal, lose: lose, used: make(map[string]bool, len(journal)),
+		// A cancellation asked of the run's previous executor is honoured
+		// at this one's first phase.
+		cancelled: run.CancelRequestedAt != nil}
 	ctx = context.WithValue(ctx, executionKey{}, ex)
 	defer c.track(ex)()
 
@@ -114,13 +120,15 @@ func (c *Client) conclude(ctx context.Context, ex *execution, output []byte, err
 	}
 
 	ex.mu.Lock()
-	fatal, broken := ex.fatal, ex.broken
+	fatal, broken, stopped := ex.fatal, ex.broken, ex.stopped
 	if fatal == nil && broken == nil && err == nil && ex.next < len(ex.journal) {
 		fatal = &NonDeterminismError{Seq: ex.next, Journaled: ex.journal[ex.next].Name}
 	}
 	ex.mu.Unlock()
 
 	switch {
+	case stopped:
+		return c.finish(ctx, ex, StatusCancelled, nil, cancelledError)
 	case fatal != nil:
 		return c.finish(ctx, ex, StatusFailed, nil, classify(fatal))
 	case broken != nil:
@@ -144,6 +152,7 @@ UPDATE ratchet.runs SET
 	error = $5,
 	finished_at = now(),
 	expires_at = now() + $6::interval,
+	response_status = $7,
 	lease_owner = NULL,
 	lease_expires_at = NULL,
 	next_attempt_at = NULL,
@@ -153,7 +162,7 @@ RETURNING ` + runColumns
 
 func (c *Client) finish(ctx context.Context, ex *execution, status Status, output []byte, runErr *RunError) (*Run, error) {
 	run, ok, err := queryRun(ctx, c.pool, finishSQL,
-		ex.run.ID, ex.run.LeaseToken, status, output, runErr, ex.def.retentionClass().TTL())
+		ex.run.ID, ex.run.LeaseToken, status, output, runErr, ex.def.retentionClass().TTL(), ex.def.responseStatus(status, runErr))
 	if err != nil {
 		return nil, fmt.Errorf("engine: finish run %s: %w", ex.run.ID, err)
 	}

@@ -54,12 +54,16 @@ type Run struct {
 	UpdatedAt      time.Time       `db:"updated_at"`
 	FinishedAt     *time.Time      `db:"finished_at"`
 	ExpiresAt      *time.Time      `db:"expires_at"`
+	// CancelRequestedAt is set when a cancellation was asked of the run
+	// while an executor held it.
+	CancelRequestedAt *time.Time `db:"cancel_requested_at"`
 }
 
 // runColumns lists Run's columns in the order of its fields.
 const runColumns = `id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
 	status, recovery_point, lease_owner, lease_token, lease_expires_at, attempt, next_attempt_at,
-	output, error, response_status, traceparent, created_at, updated_at, finished_at, expires_at`
+	output, error, response_status, traceparent, created_at, updated_at, finished_at, expires_at,
+	cancel_requested_at`
 
 // dbtx is what both a pool and a transaction offer.
 type dbtx interface {

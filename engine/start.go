@@ -76,7 +76,34 @@ type StartResult struct {
 // unfinished and will be resumed. A workflow's own failure is not an error
 // of Start: it is in the run's Status and Error.
 func (c *Client) Start(ctx context.Context, p StartParams) (*StartResult, error) {
-	return c.start(ctx, nil, nil, p)
+	return c.start(ctx, nil, nil, p, true)
+}
+
+// Claim claims the idempotency key as Start does, leasing a new run to this
+// client, but returns before executing it. For OutcomeCreated the caller
+// then calls Execute, typically on another goroutine with a context of its
+// own (the HTTP layer does, to bound how long a request waits). If it never
+// does, the lease expires and a worker takes the run over.
+func (c *Client) Claim(ctx context.Context, p StartParams) (*StartResult, error) {
+	return c.start(ctx, nil, nil, p, false)
+}
+
+// Execute executes a run that Claim just created for this client, as Start
+// would have, and returns its state as the execution left it.
+func (c *Client) Execute(ctx context.Context, res *StartResult) (*Run, error) {
+	if res == nil || res.Outcome != OutcomeCreated || res.Run.LeaseOwner == nil || *res.Run.LeaseOwner != c.cfg.ID {
+		return nil, errors.New("engine: Execute needs a run created by this client's Claim")
+	}
+	done, err := c.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	def, err := c.workflows.lookup(res.Run.Workflow)
+	if err != nil {
+		return nil, err
+	}
+	return c.execute(ctx, def, res.Run, nil)
 }
 
 // StartTx claims the idempotency key in the caller's transaction, so the run
@@ -86,12 +113,13 @@ func (c *Client) StartTx(ctx context.Context, tx pgx.Tx, p StartParams) (*StartR
 	if tx == nil {
 		return nil, errors.New("engine: StartTx: nil transaction")
 	}
-	return c.start(ctx, tx, nil, p)
+	return c.start(ctx, tx, nil, p, false)
 }
 
-// start implements Start (tx == nil) and StartTx. def is the typed caller's
-// workflow, or nil to look p.Workflow up.
-func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartParams) (*StartResult, error) {
+// start implements Start, Claim (tx == nil) and StartTx. def is the typed
+// caller's workflow, or nil to look p.Workflow up. A created run is executed
+// when execute is set.
+func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartParams, execute bool) (*StartResult, error) {
 	if tx == nil {
 		done, err := c.enter()
 		if err != nil {
@@ -135,7 +163,7 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 		}
 		if created {
 			res := &StartResult{Outcome: OutcomeCreated, Run: run}
-			if tx != nil {
+			if !execute {
 				return res, nil
 			}
 			run, err := c.execute(ctx, def, run, nil)

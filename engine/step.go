@@ -101,10 +101,11 @@ func runStep[T any](ctx context.Context, ex *execution, seq int, name string, ke
 		if errors.As(err, &perm) && perm.Err != nil {
 			rec.err.Message = perm.Err.Error() // replay re-wraps it with the code
 		}
-		if cerr := ex.commitPhase(ctx, ex.c.pool, rec); cerr != nil {
+		cancel, cerr := ex.commitPhase(ctx, ex.c.pool, rec)
+		if cerr != nil {
 			return zero, cerr
 		}
-		ex.committed(name)
+		ex.committed(name, cancel)
 		return zero, err
 	}
 	raw, err := json.Marshal(out)
@@ -112,9 +113,10 @@ func runStep[T any](ctx context.Context, ex *execution, seq int, name string, ke
 		return zero, Permanent("invalid_output", fmt.Errorf("step %q: encode output: %w", name, err))
 	}
 	rec.output = raw
-	if err := ex.commitPhase(ctx, ex.c.pool, rec); err != nil {
+	cancel, err := ex.commitPhase(ctx, ex.c.pool, rec)
+	if err != nil {
 		return zero, err
 	}
-	ex.committed(name)
+	ex.committed(name, cancel)
 	return out, nil
 }

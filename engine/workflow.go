@@ -48,15 +48,30 @@ type WorkflowOpts struct {
 	Version int
 	// Retention of finished runs. Defaults to Retention24h.
 	Retention Retention
+	// SuccessStatus is the response status stored with a succeeded run, for
+	// the HTTP layer to send and replay. Defaults to 201.
+	SuccessStatus int
+	// ErrorStatuses maps the codes of permanent errors to the response
+	// status stored with a failed run, e.g. {"card_declined": 402}. Other
+	// codes get 422.
+	ErrorStatuses map[string]int
 }
+
+// Default response statuses (see WorkflowOpts).
+const (
+	DefaultSuccessStatus = 201
+	DefaultFailureStatus = 422
+)
 
 // Workflow is a registered workflow definition with input type In and
 // output type Out. Start it with its Start or StartTx method.
 type Workflow[In, Out any] struct {
-	name      string
-	ver       int
-	retention Retention
-	fn        func(context.Context, In) (Out, error)
+	name          string
+	ver           int
+	retention     Retention
+	successStatus int
+	errorStatuses map[string]int
+	fn            func(context.Context, In) (Out, error)
 }
 
 // definition is a workflow with its types erased, as the registry holds it.
@@ -64,6 +79,9 @@ type definition interface {
 	Name() string
 	version() int
 	retentionClass() Retention
+	// responseStatus is the status stored with a run finishing as status
+	// with err.
+	responseStatus(status Status, err *RunError) *int
 	// checkInput reports whether JSON input decodes into the input type.
 	checkInput(input []byte) error
 	// invoke decodes the input, runs the workflow and encodes its output.
@@ -74,6 +92,21 @@ type definition interface {
 func (w *Workflow[In, Out]) Name() string              { return w.name }
 func (w *Workflow[In, Out]) version() int              { return w.ver }
 func (w *Workflow[In, Out]) retentionClass() Retention { return w.retention }
+
+func (w *Workflow[In, Out]) responseStatus(status Status, err *RunError) *int {
+	var s int
+	switch {
+	case status == StatusSucceeded:
+		s = w.successStatus
+	case status == StatusFailed && err != nil && w.errorStatuses[err.Code] != 0:
+		s = w.errorStatuses[err.Code]
+	case status == StatusFailed:
+		s = DefaultFailureStatus
+	default:
+		return nil
+	}
+	return &s
+}
 
 func (w *Workflow[In, Out]) checkInput(input []byte) error {
 	var in In
@@ -120,7 +153,20 @@ func Register[In, Out any](r *Workflows, name string, fn func(ctx context.Contex
 	if opts == nil {
 		opts = &WorkflowOpts{}
 	}
-	w := &Workflow[In, Out]{name: name, ver: opts.Version, retention: opts.Retention, fn: fn}
+	w := &Workflow[In, Out]{name: name, ver: opts.Version, retention: opts.Retention, fn: fn,
+		successStatus: opts.SuccessStatus, errorStatuses: make(map[string]int, len(opts.ErrorStatuses))}
+	for code, status := range opts.ErrorStatuses {
+		if status < 400 || status > 599 {
+			return nil, fmt.Errorf("engine: workflow %q: status %d for error %q is not a 4xx or 5xx", name, status, code)
+		}
+		w.errorStatuses[code] = status
+	}
+	if w.successStatus == 0 {
+		w.successStatus = DefaultSuccessStatus
+	}
+	if w.successStatus < 200 || w.successStatus > 299 {
+		return nil, fmt.Errorf("engine: workflow %q: success status %d is not a 2xx", name, w.successStatus)
+	}
 	if w.ver == 0 {
 		w.ver = 1
 	}
@@ -212,7 +258,7 @@ func (w *Workflow[In, Out]) Start(ctx context.Context, c *Client, key string, in
 	if err != nil {
 		return nil, fmt.Errorf("%w: encode: %v", ErrInvalidInput, err)
 	}
-	res, err := c.start(ctx, nil, w, opts.params(w.name, key, input))
+	res, err := c.start(ctx, nil, w, opts.params(w.name, key, input), true)
 	return w.result(res, err)
 }
 
@@ -223,7 +269,7 @@ func (w *Workflow[In, Out]) StartTx(ctx context.Context, c *Client, tx pgx.Tx, k
 	if err != nil {
 		return nil, fmt.Errorf("%w: encode: %v", ErrInvalidInput, err)
 	}
-	res, err := c.start(ctx, tx, w, opts.params(w.name, key, input))
+	res, err := c.start(ctx, tx, w, opts.params(w.name, key, input), false)
 	return w.result(res, err)
 }
 

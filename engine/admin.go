@@ -1,0 +1,168 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// cancelSQL cancels an unfinished run. One nobody holds (no lease, or an
+// expired one) is cancelled at once, with a new token so that a zombie of
+// its last executor is fenced; one a live executor holds is marked, and the
+// executor stops at its next phase boundary.
+const cancelSQL = `
+UPDATE ratchet.runs SET
+	cancel_requested_at = coalesce(cancel_requested_at, now()),
+	status        = CASE WHEN held THEN status ELSE 'cancelled' END,
+	error         = CASE WHEN held THEN error ELSE $2::jsonb END,
+	finished_at   = CASE WHEN held THEN NULL ELSE now() END,
+	expires_at    = CASE WHEN held THEN NULL ELSE now() + $3::interval END,
+	lease_token   = CASE WHEN held THEN lease_token ELSE lease_token + 1 END,
+	lease_owner   = CASE WHEN held THEN lease_owner END,
+	lease_expires_at = CASE WHEN held THEN lease_expires_at END,
+	next_attempt_at  = CASE WHEN held THEN next_attempt_at END,
+	updated_at = now()
+FROM (SELECT coalesce(lease_expires_at > now(), false) AS held FROM ratchet.runs WHERE id = $1 FOR UPDATE) lease
+WHERE id = $1 AND finished_at IS NULL
+RETURNING ` + runColumns
+
+// Cancel cancels an unfinished run: at once if no live executor holds it,
+// else at that executor's next phase boundary (the returned run then still
+// shows it running, with CancelRequestedAt set). Phases already committed
+// stay committed. A finished run returns ErrFinished, an unknown id
+// ErrRunNotFound.
+func (c *Client) Cancel(ctx context.Context, runID string) (*Run, error) {
+	lr, err := getRun(ctx, c.pool, runID)
+	if err != nil {
+		return nil, err
+	}
+	if lr.Status.Finished() {
+		return &lr.Run, fmt.Errorf("%w: %s is %s", ErrFinished, runID, lr.Status)
+	}
+	var ttl *time.Duration
+	if def, err := c.workflows.lookup(lr.Workflow); err == nil {
+		ttl = def.retentionClass().TTL()
+	}
+	run, ok, err := queryRun(ctx, c.pool, cancelSQL, runID, cancelledError, ttl)
+	if err != nil {
+		return nil, fmt.Errorf("engine: cancel run %s: %w", runID, err)
+	}
+	if !ok { // finished meanwhile
+		lr, err := getRun(ctx, c.pool, runID)
+		if err != nil {
+			return nil, err
+		}
+		return &lr.Run, fmt.Errorf("%w: %s is %s", ErrFinished, runID, lr.Status)
+	}
+	return run, nil
+}
+
+// reopenSQL reopens a failed run from its recovery point, with a new token.
+const reopenSQL = `
+UPDATE ratchet.runs SET
+	status = 'pending',
+	recovery_point = coalesce((SELECT name FROM ratchet.phases WHERE run_id = $1 ORDER BY seq DESC LIMIT 1), 'started'),
+	output = NULL,
+	response_status = NULL,
+	finished_at = NULL,
+	expires_at = NULL,
+	next_attempt_at = NULL,
+	cancel_requested_at = NULL,
+	lease_token = lease_token + 1,
+	updated_at = now()
+WHERE id = $1 AND status = 'failed'
+RETURNING ` + runColumns
+
+// dropFailedPhaseSQL removes the journal's last phase if it records a
+// permanent failure, so that the reopened run tries it again.
+const dropFailedPhaseSQL = `
+DELETE FROM ratchet.phases
+WHERE run_id = $1 AND error IS NOT NULL
+	AND seq = (SELECT max(seq) FROM ratchet.phases WHERE run_id = $1)`
+
+// Reopen retries a failed run from its recovery point: the run becomes
+// pending again (keeping its last error until it finishes anew) and, with a
+// scheduler, a look is scheduled now. If the journal's last phase is the
+// step whose permanent failure failed the run, it is removed so that the
+// step is tried again — with the same child key, so a downstream that
+// stored its answer gives it again. Committed phases are not repeated. A run
+// that has not failed returns ErrNotFailed.
+func (c *Client) Reopen(ctx context.Context, runID string) (*Run, error) {
+	var run *Run
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		var status Status
+		err := tx.QueryRow(ctx, `SELECT status FROM ratchet.runs WHERE id = $1 FOR UPDATE`, runID).Scan(&status)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: %s", ErrRunNotFound, runID)
+		}
+		if err != nil {
+			return err
+		}
+		if status != StatusFailed {
+			return fmt.Errorf("%w: %s is %s", ErrNotFailed, runID, status)
+		}
+		if _, err := tx.Exec(ctx, dropFailedPhaseSQL, runID); err != nil {
+			return err
+		}
+		run, _, err = c.claim(ctx, tx, reopenSQL, runID)
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, ErrRunNotFound) || errors.Is(err, ErrNotFailed) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("engine: reopen run %s: %w", runID, err)
+	}
+	return run, nil
+}
+
+// ListParams filter and page ListRuns. Empty fields do not filter.
+type ListParams struct {
+	Tenant         string // defaults to "default"
+	Workflow       string
+	Status         Status
+	IdempotencyKey string
+	// ChildKey finds the run whose step sent this child key downstream.
+	ChildKey string
+	// After continues a listing: runs older than this id. Runs are listed
+	// newest first, by id, so rows inserted meanwhile neither shift nor
+	// repeat the pages.
+	After string
+	// Limit bounds the page. Defaults to 50; at most 500.
+	Limit int
+}
+
+const listRunsSQL = `SELECT ` + runColumns + ` FROM ratchet.runs
+WHERE tenant = $1
+	AND ($2 = '' OR workflow = $2)
+	AND ($3 = '' OR status = $3)
+	AND ($4 = '' OR idempotency_key = $4)
+	AND ($5 = '' OR id IN (SELECT run_id FROM ratchet.phases WHERE child_key = $5))
+	AND ($6 = '' OR id < $6)
+ORDER BY id DESC
+LIMIT $7`
+
+// ListRuns returns a page of the tenant's runs, newest first.
+func (c *Client) ListRuns(ctx context.Context, p ListParams) ([]Run, error) {
+	if p.Tenant == "" {
+		p.Tenant = DefaultTenant
+	}
+	switch {
+	case p.Limit == 0:
+		p.Limit = 50
+	case p.Limit < 0 || p.Limit > 500:
+		return nil, fmt.Errorf("engine: list limit %d outside 1..500", p.Limit)
+	}
+	rows, err := c.pool.Query(ctx, listRunsSQL, p.Tenant, p.Workflow, string(p.Status), p.IdempotencyKey, p.ChildKey, p.After, p.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("engine: list runs: %w", err)
+	}
+	runs, err := pgx.CollectRows(rows, pgx.RowToStructByName[Run])
+	if err != nil {
+		return nil, fmt.Errorf("engine: list runs: %w", err)
+	}
+	return runs, nil
+}
