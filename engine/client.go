@@ -172,5 +172,8 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 // ID returns the lease owner name of this client.
 func (c *Client) ID() string { return c.cfg.ID }
 
+// Workflows returns the client's registry.
+func (c *Client) Workflows() *Workflows { return c.workflows }
+
 // Pool returns the pool the client uses.
 func (c *Client) Pool() *pgxpool.Pool { return c.pool }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // canonicalJSON re-encodes a JSON document so that equal documents are equal
@@ -23,6 +24,9 @@ func canonicalJSON(raw []byte) ([]byte, error) {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return nil, errors.New("unexpected data after the JSON value")
 	}
+	if hasNUL(v) {
+		return nil, errors.New("a string holds U+0000, which Postgres cannot store")
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -30,6 +34,28 @@ func canonicalJSON(raw []byte) ([]byte, error) {
 		return nil, err
 	}
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// hasNUL reports whether a decoded JSON value holds U+0000 in a string or
+// an object key.
+func hasNUL(v any) bool {
+	switch v := v.(type) {
+	case string:
+		return strings.ContainsRune(v, 0)
+	case []any:
+		for _, e := range v {
+			if hasNUL(e) {
+				return true
+			}
+		}
+	case map[string]any:
+		for k, e := range v {
+			if strings.ContainsRune(k, 0) || hasNUL(e) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // fingerprint identifies a request: SHA-256 over the workflow name, a zero

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/oklog/ulid/v2"
 )
 
@@ -217,6 +219,12 @@ func (c *Client) claimKey(ctx context.Context, tx pgx.Tx, def definition, p Star
 	run, ok, err := c.claim(ctx, tx, claimKeySQL,
 		ulid.Make().String(), p.Tenant, p.IdempotencyKey, def.Name(), def.version(), input, fp,
 		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
+		// A data exception: Postgres refused a value of the input (say, a
+		// number beyond numeric's range) that JSON allows.
+		return nil, false, fmt.Errorf("%w for workflow %q: %s", ErrInvalidInput, def.Name(), pgErr.Message)
+	}
 	if err != nil {
 		return nil, false, fmt.Errorf("engine: claim key: %w", err)
 	}

@@ -282,3 +282,17 @@ func TestTypedStartRefusesWorkflowOfAnotherRegistry(t *testing.T) {
 	require.True(t, errors.Is(err, engine.ErrUnknownWorkflow), "got %v", err)
 	require.Equal(t, 0, b.countRows(t, "runs"))
 }
+
+func TestInputsPostgresCannotStoreAreInvalid(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	workflows := engine.NewWorkflows()
+	_, err := engine.Register(workflows, "any", func(context.Context, json.RawMessage) (int, error) { return 1, nil }, nil)
+	require.NoError(t, err)
+	c := b.client(t, workflows, nil)
+	for _, input := range []string{`{"a":"nul\u0000"}`, `{"nul\u0000key":1}`, `[1e1000000]`} {
+		_, err := c.Start(context.Background(), engine.StartParams{Workflow: "any", IdempotencyKey: "k", Input: json.RawMessage(input)})
+		require.ErrorIs(t, err, engine.ErrInvalidInput, input)
+	}
+	require.Equal(t, 0, b.countRows(t, "runs"))
+}

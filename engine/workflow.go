@@ -202,6 +202,12 @@ func (r *Workflows) lookup(name string) (definition, error) {
 	return def, nil
 }
 
+// Has reports whether a workflow named name is registered.
+func (r *Workflows) Has(name string) bool {
+	_, err := r.lookup(name)
+	return err == nil
+}
+
 // Names returns the registered workflow names in order.
 func (r *Workflows) Names() []string {
 	r.mu.RLock()

@@ -1,0 +1,408 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/migrations"
+)
+
+// Defaults for Config.
+const (
+	DefaultWait         = 10 * time.Second
+	DefaultMaxWait      = 60 * time.Second
+	DefaultMaxBodyBytes = 1 << 20
+)
+
+// Config configures a Handler. The zero value of every field but Engine
+// selects its documented default.
+type Config struct {
+	// Engine executes and stores runs. Required. Use a worker's engine
+	// (worker.Worker.Engine) so that runs the request does not finish are
+	// resumed in the background.
+	Engine *engine.Client
+
+	// Tokens maps bearer tokens to tenants. Empty means development mode:
+	// no authentication, every request is tenant "default".
+	Tokens map[string]string
+
+	// DefaultWait bounds how long a start request executes inline without
+	// a "Prefer: wait=N" header. Defaults to 10s.
+	DefaultWait time.Duration
+	// MaxWait caps the wait a client may ask for. Defaults to 60s. The
+	// server's WriteTimeout must exceed it (see NewServer).
+	MaxWait time.Duration
+	// MaxBodyBytes bounds a start request's body. Defaults to 1 MiB.
+	MaxBodyBytes int64
+
+	// Ready reports whether the service can take requests (GET /readyz).
+	// Defaults to: the database answers and its migrations are current.
+	Ready func(context.Context) error
+
+	// Logger receives request errors. Defaults to discarding.
+	Logger *slog.Logger
+}
+
+// Handler serves the API.
+type Handler struct {
+	cfg    Config
+	engine *engine.Client
+	mux    *http.ServeMux
+	tokens []tokenHash
+	logger *slog.Logger
+}
+
+type tokenHash struct {
+	sum    [32]byte
+	tenant string
+}
+
+// New returns the API handler.
+func New(cfg *Config) (*Handler, error) {
+	if cfg == nil || cfg.Engine == nil {
+		return nil, errors.New("api: Config.Engine is required")
+	}
+	h := &Handler{cfg: *cfg, engine: cfg.Engine}
+	c := &h.cfg
+	if c.DefaultWait == 0 {
+		c.DefaultWait = DefaultWait
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = DefaultMaxWait
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	switch {
+	case c.DefaultWait < 0 || c.MaxWait < 0 || c.DefaultWait > c.MaxWait:
+		return nil, fmt.Errorf("api: want 0 <= DefaultWait (%s) <= MaxWait (%s)", c.DefaultWait, c.MaxWait)
+	case c.MaxBodyBytes < 0:
+		return nil, errors.New("api: negative MaxBodyBytes")
+	}
+	if c.Ready == nil {
+		pool := c.Engine.Pool()
+		c.Ready = func(ctx context.Context) error {
+			if err := pool.Ping(ctx); err != nil {
+				return err
+			}
+			return migrations.Check(ctx, pool)
+		}
+	}
+	h.logger = c.Logger
+	if h.logger == nil {
+		h.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	for token, tenant := range c.Tokens {
+		if token == "" || tenant == "" {
+			return nil, errors.New("api: empty token or tenant in Config.Tokens")
+		}
+		h.tokens = append(h.tokens, tokenHash{sum: sha256.Sum256([]byte(token)), tenant: tenant})
+	}
+
+	h.mux = http.NewServeMux()
+	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, map[string]string{"status": "ok"}) })
+	h.mux.HandleFunc("GET /readyz", h.ready)
+	h.mux.Handle("POST /v1/workflows/{workflow}/runs", h.authed(h.startRun))
+	h.mux.Handle("GET /v1/runs/{id}", h.authed(h.getRun))
+	h.mux.Handle("GET /v1/runs", h.authed(h.listRuns))
+	h.mux.Handle("POST /v1/runs/{id}/cancel", h.authed(h.cancelRun))
+	h.mux.Handle("POST /v1/runs/{id}/resume", h.authed(h.resumeRun))
+	return h, nil
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			h.logger.ErrorContext(r.Context(), "api: handler panicked", slog.Any("panic", v), slog.String("path", r.URL.Path))
+			writeProblem(w, problem{Status: http.StatusInternalServerError, Code: codeInternal, Title: "Internal error"})
+		}
+	}()
+	h.mux.ServeHTTP(w, r)
+}
+
+// authed resolves the request's tenant from its bearer token (compared in
+// constant time, never logged) before calling next.
+func (h *Handler) authed(next func(http.ResponseWriter, *http.Request, string)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(h.tokens) == 0 {
+			next(w, r, engine.DefaultTenant)
+			return
+		}
+		tenant := ""
+		if scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
+			sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
+			for _, t := range h.tokens { // no early exit: the time taken says nothing of which token matched
+				if subtle.ConstantTimeCompare(sum[:], t.sum[:]) == 1 {
+					tenant = t.tenant
+				}
+			}
+		}
+		if tenant == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="ratchet"`)
+			writeProblem(w, problem{Status: http.StatusUnauthorized, Code: codeUnauthorized, Title: "A valid bearer token is required"})
+			return
+		}
+		next(w, r, tenant)
+	})
+}
+
+func (h *Handler) ready(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := h.cfg.Ready(ctx); err != nil {
+		h.logger.WarnContext(ctx, "api: not ready", slog.String("error", err.Error()))
+		writeProblem(w, problem{Status: http.StatusServiceUnavailable, Code: codeUnavailable, Title: "Not ready"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// fail logs err when it is the server's fault and answers with its problem.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	p := problemFor(err)
+	if p.Status >= 500 {
+		h.logger.ErrorContext(r.Context(), "api: request failed", slog.String("path", r.URL.Path), slog.String("error", err.Error()))
+	}
+	writeProblem(w, p)
+}
+
+func (h *Handler) startRun(w http.ResponseWriter, r *http.Request, tenant string) {
+	workflow := r.PathValue("workflow")
+	if !h.engine.Workflows().Has(workflow) {
+		writeProblem(w, problem{Status: http.StatusNotFound, Code: "unknown_workflow", Title: "No such workflow", Detail: fmt.Sprintf("no workflow is registered as %q", workflow)})
+		return
+	}
+	key, err := parseIdempotencyKey(r.Header.Values("Idempotency-Key"))
+	if err != nil {
+		code := codeInvalidKey
+		if errors.Is(err, errMissingKey) {
+			code = codeMissingKey
+		}
+		writeProblem(w, problem{Status: http.StatusBadRequest, Code: code, Title: "Idempotency-Key missing or invalid", Detail: err.Error()})
+		return
+	}
+	if !isJSON(r.Header.Get("Content-Type")) {
+		writeProblem(w, problem{Status: http.StatusUnsupportedMediaType, Code: codeUnsupportedMedia, Title: "Send the input as application/json"})
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		writeProblem(w, problem{Status: http.StatusRequestEntityTooLarge, Code: codeBodyTooLarge, Title: "Request body too large", Detail: fmt.Sprintf("the limit is %d bytes", tooLarge.Limit)})
+		return
+	case err != nil:
+		writeProblem(w, problem{Status: http.StatusBadRequest, Code: codeMalformedJSON, Title: "Could not read the request body"})
+		return
+	case !jsonValid(body):
+		writeProblem(w, problem{Status: http.StatusBadRequest, Code: codeMalformedJSON, Title: "The body is not valid JSON"})
+		return
+	}
+	wait := h.cfg.DefaultWait
+	if d, ok := preferredWait(r.Header.Values("Prefer")); ok {
+		wait = min(d, h.cfg.MaxWait)
+		w.Header().Set("Preference-Applied", "wait="+strconv.Itoa(int(wait/time.Second)))
+	}
+
+	res, err := h.engine.Claim(r.Context(), engine.StartParams{
+		Workflow: workflow, IdempotencyKey: key, Input: body, Tenant: tenant, Traceparent: r.Header.Get("Traceparent"),
+	})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	run := res.Run
+	switch res.Outcome {
+	case engine.OutcomeFinished:
+		h.writeFinal(w, run, true)
+	case engine.OutcomeInProgress:
+		w.Header().Set("Retry-After", retryAfter(run))
+		writeProblem(w, problem{Status: http.StatusConflict, Code: codeInProgress, Title: "A request with this Idempotency-Key is in progress",
+			RunID: run.ID, Instance: "/v1/runs/" + run.ID})
+	case engine.OutcomeResumable:
+		if run.NextAttemptAt == nil || !run.NextAttemptAt.After(time.Now()) {
+			h.background(r, func(ctx context.Context) (*engine.Run, error) { return h.engine.Resume(ctx, run.ID) })
+		}
+		h.writeAccepted(w, run)
+	case engine.OutcomeCreated:
+		done := h.background(r, func(ctx context.Context) (*engine.Run, error) { return h.engine.Execute(ctx, res) })
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+		select {
+		case out := <-done:
+			if out.run != nil {
+				run = out.run
+			}
+			if out.err != nil && !run.Status.Finished() && !errors.Is(out.err, engine.ErrShutdown) && !errors.Is(out.err, engine.ErrLeaseLost) {
+				h.logger.WarnContext(r.Context(), "api: inline execution cut short", slog.String("run_id", run.ID), slog.String("error", out.err.Error()))
+			}
+			if run.Status.Finished() {
+				h.writeFinal(w, run, false)
+				return
+			}
+			h.writeAccepted(w, run)
+		case <-timer.C:
+			h.writeAccepted(w, run)
+		case <-r.Context().Done():
+		}
+	}
+}
+
+type execution struct {
+	run *engine.Run
+	err error
+}
+
+// background runs an execution on a context that outlives the request (it
+// ends with the engine's Shutdown, which hands the run over).
+func (h *Handler) background(r *http.Request, exec func(context.Context) (*engine.Run, error)) <-chan execution {
+	done := make(chan execution, 1)
+	ctx := context.WithoutCancel(r.Context())
+	go func() {
+		run, err := exec(ctx)
+		done <- execution{run, err}
+	}()
+	return done
+}
+
+func (h *Handler) writeFinal(w http.ResponseWriter, run *engine.Run, replayed bool) {
+	status, contentType, body := finalResponse(run)
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Location", "/v1/runs/"+run.ID)
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	w.WriteHeader(status)
+	w.Write(body) //nolint:errcheck // the client may be gone
+}
+
+func (h *Handler) writeAccepted(w http.ResponseWriter, run *engine.Run) {
+	w.Header().Set("Location", "/v1/runs/"+run.ID)
+	w.Header().Set("Retry-After", "1")
+	writeJSON(w, http.StatusAccepted, newRunResource(run, nil))
+}
+
+// retryAfter is the whole seconds until the run's lease expires, at least 1.
+func retryAfter(run *engine.Run) string {
+	secs := 1.0
+	if run.LeaseExpiresAt != nil {
+		secs = max(math.Ceil(time.Until(*run.LeaseExpiresAt).Seconds()), 1)
+	}
+	return strconv.Itoa(int(secs))
+}
+
+// tenantRun loads a run of tenant; another tenant's run is not found.
+func (h *Handler) tenantRun(ctx context.Context, id, tenant string) (*engine.Run, error) {
+	run, err := h.engine.Run(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if run.Tenant != tenant {
+		return nil, fmt.Errorf("%w: %s", engine.ErrRunNotFound, id)
+	}
+	return run, nil
+}
+
+func (h *Handler) getRun(w http.ResponseWriter, r *http.Request, tenant string) {
+	run, err := h.tenantRun(r.Context(), r.PathValue("id"), tenant)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	phases, err := h.engine.Phases(r.Context(), run.ID)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, newRunResource(run, phases))
+}
+
+func (h *Handler) listRuns(w http.ResponseWriter, r *http.Request, tenant string) {
+	q := r.URL.Query()
+	p := engine.ListParams{
+		Tenant: tenant, Workflow: q.Get("workflow"), Status: engine.Status(q.Get("status")),
+		IdempotencyKey: q.Get("idempotency_key"), ChildKey: q.Get("child_key"), After: q.Get("after"),
+	}
+	bad := func(detail string) {
+		writeProblem(w, problem{Status: http.StatusBadRequest, Code: codeInvalidQuery, Title: "Invalid query", Detail: detail})
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 500 {
+			bad("limit must be an integer from 1 to 500")
+			return
+		}
+		p.Limit = n
+	}
+	switch p.Status {
+	case "", engine.StatusPending, engine.StatusRunning, engine.StatusWaiting, engine.StatusSucceeded, engine.StatusFailed, engine.StatusCancelled:
+	default:
+		bad("status must be one of pending, running, waiting, succeeded, failed, cancelled")
+		return
+	}
+	runs, err := h.engine.ListRuns(r.Context(), p)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	page := struct {
+		Data []runResource `json:"data"`
+		Next *string       `json:"next"`
+	}{Data: make([]runResource, 0, len(runs))}
+	for i := range runs {
+		page.Data = append(page.Data, newRunResource(&runs[i], nil))
+	}
+	limit := p.Limit
+	if limit == 0 {
+		limit = 50
+	}
+	if len(runs) == limit {
+		page.Next = &runs[len(runs)-1].ID
+	}
+	writeJSON(w, http.StatusOK, page)
+}
+
+func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, tenant string) {
+	run, err := h.tenantRun(r.Context(), r.PathValue("id"), tenant)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if run, err = h.engine.Cancel(r.Context(), run.ID); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	status := http.StatusOK // cancelled
+	if !run.Status.Finished() {
+		status = http.StatusAccepted // requested: the executor stops at its next phase boundary
+	}
+	writeJSON(w, status, newRunResource(run, nil))
+}
+
+func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, tenant string) {
+	run, err := h.tenantRun(r.Context(), r.PathValue("id"), tenant)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if run, err = h.engine.Reopen(r.Context(), run.ID); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.background(r, func(ctx context.Context) (*engine.Run, error) { return h.engine.Resume(ctx, run.ID) })
+	h.writeAccepted(w, run)
+}

@@ -1,0 +1,4 @@
+package api
+
+// StatusOf exposes the error table to tests.
+func StatusOf(err error) int { return problemFor(err).Status }

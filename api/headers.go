@@ -1,0 +1,97 @@
+package api
+
+import (
+	"fmt"
+	"mime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// parseIdempotencyKey reads the Idempotency-Key header: exactly one value,
+// either a bare token or a structured-field string ("..." with \" and \\
+// escapes), of 1..255 printable ASCII characters.
+func parseIdempotencyKey(values []string) (string, error) {
+	switch len(values) {
+	case 0:
+		return "", errMissingKey
+	case 1:
+	default:
+		return "", fmt.Errorf("%d Idempotency-Key headers; send one", len(values))
+	}
+	v := strings.TrimSpace(values[0])
+	if v == "" {
+		return "", errMissingKey
+	}
+	var key string
+	if v[0] == '"' {
+		var b strings.Builder
+		closed := false
+		for i := 1; i < len(v); i++ {
+			c := v[i]
+			switch {
+			case c == '\\' && i+1 < len(v) && (v[i+1] == '"' || v[i+1] == '\\'):
+				b.WriteByte(v[i+1])
+				i++
+			case c == '\\':
+				return "", fmt.Errorf("bad escape in structured-string key")
+			case c == '"':
+				if i != len(v)-1 {
+					return "", fmt.Errorf("data after the closing quote of the key")
+				}
+				closed = true
+			case c < 0x20 || c > 0x7e:
+				return "", fmt.Errorf("key holds a byte outside printable ASCII")
+			default:
+				b.WriteByte(c)
+			}
+		}
+		if !closed {
+			return "", fmt.Errorf("unterminated structured-string key")
+		}
+		key = b.String()
+	} else {
+		for i := 0; i < len(v); i++ {
+			if v[i] <= 0x20 || v[i] > 0x7e {
+				return "", fmt.Errorf("key holds a space or a byte outside printable ASCII; quote it as a structured string to include spaces")
+			}
+		}
+		key = v
+	}
+	if len(key) == 0 || len(key) > 255 {
+		return "", fmt.Errorf("key is %d characters; want 1..255", len(key))
+	}
+	return key, nil
+}
+
+var errMissingKey = fmt.Errorf("the Idempotency-Key header is required")
+
+// preferredWait reads "Prefer: wait=N" (RFC 7240) in seconds. ok is false
+// when the header asks for no wait.
+func preferredWait(values []string) (wait time.Duration, ok bool) {
+	for _, v := range values {
+		for _, pref := range strings.Split(v, ",") {
+			name, val, _ := strings.Cut(strings.TrimSpace(pref), "=")
+			if !strings.EqualFold(strings.TrimSpace(name), "wait") {
+				continue
+			}
+			val, _, _ = strings.Cut(val, ";")
+			n, err := strconv.ParseUint(strings.Trim(strings.TrimSpace(val), `"`), 10, 32)
+			if err != nil {
+				continue
+			}
+			return time.Duration(n) * time.Second, true
+		}
+	}
+	return 0, false
+}
+
+// isJSON reports whether a Content-Type is JSON (application/json or any
+// +json type).
+func isJSON(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || (strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
+}

@@ -1,0 +1,160 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratchet-run/ratchet/api"
+	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/internal/testdb"
+)
+
+type testBundle struct {
+	pool    *pgxpool.Pool
+	engine  *engine.Client
+	server  *httptest.Server
+	handler *api.Handler
+	// release unblocks executions of the "slow" workflow.
+	release chan struct{}
+	// executions counts executions of "echo".
+	executions atomic.Int64
+}
+
+type echoIn struct {
+	Value string `json:"value"`
+}
+
+type payIn struct {
+	Customer string `json:"customer"`
+	Amount   int    `json:"amount"`
+}
+
+var errDeclined = errors.New("your card was declined")
+
+func setup(t testing.TB, cfg *api.Config) *testBundle {
+	t.Helper()
+	b := &testBundle{release: make(chan struct{})}
+	b.pool = testdb.New(t, &testdb.Options{MaxConns: 30})
+	_, err := b.pool.Exec(context.Background(), `CREATE TABLE counters (name text PRIMARY KEY, n integer NOT NULL)`)
+	require.NoError(t, err)
+
+	workflows := engine.NewWorkflows()
+	_, err = engine.Register(workflows, "echo", func(ctx context.Context, in echoIn) (echoIn, error) {
+		b.executions.Add(1)
+		return engine.Atomic(ctx, "stored", func(ctx context.Context, tx pgx.Tx) (echoIn, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO counters VALUES ($1, 1) ON CONFLICT (name) DO UPDATE SET n = counters.n + 1`, in.Value)
+			return in, err
+		})
+	}, nil)
+	require.NoError(t, err)
+	_, err = engine.Register(workflows, "slow", func(ctx context.Context, in echoIn) (echoIn, error) {
+		return engine.Atomic(ctx, "waited", func(ctx context.Context, _ pgx.Tx) (echoIn, error) {
+			select {
+			case <-b.release:
+				return in, nil
+			case <-ctx.Done():
+				return in, ctx.Err()
+			}
+		})
+	}, nil)
+	require.NoError(t, err)
+	_, err = engine.Register(workflows, "pay", func(ctx context.Context, in payIn) (payIn, error) {
+		if in.Customer == "cus_declined" {
+			return in, engine.Permanent("card_declined", errDeclined)
+		}
+		return in, nil
+	}, &engine.WorkflowOpts{SuccessStatus: http.StatusCreated, ErrorStatuses: map[string]int{"card_declined": http.StatusPaymentRequired}})
+	require.NoError(t, err)
+
+	b.engine, err = engine.NewClient(b.pool, &engine.Config{Workflows: workflows, StaleAfter: 2 * time.Second})
+	require.NoError(t, err)
+	if cfg == nil {
+		cfg = &api.Config{}
+	}
+	cfg.Engine = b.engine
+	b.handler, err = api.New(cfg)
+	require.NoError(t, err)
+	b.server = httptest.NewServer(b.handler)
+	t.Cleanup(func() {
+		select {
+		case <-b.release:
+		default:
+			close(b.release)
+		}
+		b.server.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = b.engine.Shutdown(ctx)
+	})
+	return b
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// do sends a request; headers come in name, value pairs.
+func (b *testBundle) do(t testing.TB, method, path, body string, headers ...string) response {
+	t.Helper()
+	return b.request(t, http.DefaultClient, method, path, body, headers...)
+}
+
+// request is do with a client of the caller's.
+func (b *testBundle) request(t testing.TB, client *http.Client, method, path, body string, headers ...string) response {
+	t.Helper()
+	r, err := b.send(client, method, path, body, headers...)
+	require.NoError(t, err)
+	return r
+}
+
+// send is request for goroutines other than the test's: it fails nothing.
+func (b *testBundle) send(client *http.Client, method, path, body string, headers ...string) (response, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = bytes.NewReader([]byte(body))
+	}
+	req, err := http.NewRequest(method, b.server.URL+path, rd)
+	if err != nil {
+		return response{}, err
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return response{}, err
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	return response{status: resp.StatusCode, header: resp.Header, body: out}, err
+}
+
+// start posts a JSON input with an Idempotency-Key.
+func (b *testBundle) start(t testing.TB, workflow, key, body string, headers ...string) response {
+	t.Helper()
+	h := append([]string{"Content-Type", "application/json", "Idempotency-Key", key}, headers...)
+	return b.do(t, http.MethodPost, "/v1/workflows/"+workflow+"/runs", body, h...)
+}
+
+func (b *testBundle) counter(t testing.TB, name string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT coalesce((SELECT n FROM counters WHERE name = $1), 0)`, name).Scan(&n))
+	return n
+}
+
+func (r response) String() string { return fmt.Sprintf("%d %s", r.status, r.body) }

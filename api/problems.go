@@ -1,0 +1,91 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ratchet-run/ratchet/engine"
+)
+
+// problem is an RFC 9457 problem details object.
+type problem struct {
+	Type     string `json:"type"`
+	Title    string `json:"title"`
+	Status   int    `json:"status"`
+	Code     string `json:"code"`
+	Detail   string `json:"detail,omitempty"`
+	Instance string `json:"instance,omitempty"`
+	RunID    string `json:"run_id,omitempty"`
+}
+
+// Problem codes of the API's own checks.
+const (
+	codeUnauthorized     = "unauthorized"
+	codeMissingKey       = "missing_idempotency_key"
+	codeInvalidKey       = "invalid_idempotency_key"
+	codeMalformedJSON    = "malformed_json"
+	codeBodyTooLarge     = "body_too_large"
+	codeUnsupportedMedia = "unsupported_media_type"
+	codeInvalidQuery     = "invalid_query"
+	codeConflict         = "conflict"
+	codeUnavailable      = "unavailable"
+	codeInternal         = "internal"
+	codeRunCancelled     = "run_cancelled"
+	codeInProgress       = "run_in_progress"
+)
+
+// errorStatuses is the one table from engine errors to HTTP.
+var errorStatuses = []struct {
+	err    error
+	status int
+	code   string
+	title  string
+}{
+	{engine.ErrUnknownWorkflow, http.StatusNotFound, "unknown_workflow", "No such workflow"},
+	{engine.ErrInvalidKey, http.StatusBadRequest, codeInvalidKey, "Invalid Idempotency-Key"},
+	{engine.ErrInvalidInput, http.StatusBadRequest, "invalid_input", "The input does not fit the workflow"},
+	{engine.ErrFingerprintMismatch, http.StatusUnprocessableEntity, "idempotency_key_reused", "Idempotency-Key already used for a different request"},
+	{engine.ErrLeaseHeld, http.StatusConflict, codeInProgress, "The run is in progress"},
+	{engine.ErrRunNotFound, http.StatusNotFound, "run_not_found", "No such run"},
+	{engine.ErrFinished, http.StatusConflict, "run_finished", "The run has already finished"},
+	{engine.ErrNotFailed, http.StatusConflict, "run_not_failed", "Only a failed run can be resumed"},
+	{engine.ErrShutdown, http.StatusServiceUnavailable, "shutting_down", "The server is shutting down"},
+}
+
+// problemFor maps an error to its problem. Serialization failures, deadlocks
+// and unique violations are conflicts the client may retry, never a 5xx.
+func problemFor(err error) problem {
+	for _, e := range errorStatuses {
+		if errors.Is(err, e.err) {
+			return problem{Status: e.status, Code: e.code, Title: e.title, Detail: err.Error()}
+		}
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "40001", "40P01", "23505", "55P03":
+			return problem{Status: http.StatusConflict, Code: codeConflict, Title: "Concurrent update; retry the request"}
+		}
+	}
+	var connErr *pgconn.ConnectError
+	if errors.As(err, &connErr) || pgconn.SafeToRetry(err) {
+		return problem{Status: http.StatusServiceUnavailable, Code: codeUnavailable, Title: "The database is unreachable; retry later"}
+	}
+	return problem{Status: http.StatusInternalServerError, Code: codeInternal, Title: "Internal error"}
+}
+
+// writeProblem sends p. 5xx details stay in the log, never in the response.
+func writeProblem(w http.ResponseWriter, p problem) {
+	if p.Status >= 500 {
+		p.Detail = ""
+	}
+	p.Type = "urn:ratchet:problem:" + p.Code
+	body, _ := json.Marshal(p)
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(p.Status)
+	w.Write(body) //nolint:errcheck // the client may be gone
+}

@@ -1,0 +1,122 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/ratchet-run/ratchet/engine"
+)
+
+// runResource is a run as the API shows it. It is rendered from stored
+// columns only, none of which change once a run has finished: so a finished
+// run renders to the same bytes every time, which is what makes replays
+// byte-identical.
+type runResource struct {
+	ID                string           `json:"id"`
+	Workflow          string           `json:"workflow"`
+	WorkflowVersion   int              `json:"workflow_version"`
+	IdempotencyKey    string           `json:"idempotency_key"`
+	Status            engine.Status    `json:"status"`
+	RecoveryPoint     string           `json:"recovery_point"`
+	Attempt           int              `json:"attempt"`
+	Output            json.RawMessage  `json:"output,omitempty"`
+	Error             *engine.RunError `json:"error,omitempty"`
+	Lease             *leaseResource   `json:"lease,omitempty"`
+	NextAttemptAt     *time.Time       `json:"next_attempt_at,omitempty"`
+	CancelRequestedAt *time.Time       `json:"cancel_requested_at,omitempty"`
+	CreatedAt         time.Time        `json:"created_at"`
+	UpdatedAt         time.Time        `json:"updated_at"`
+	FinishedAt        *time.Time       `json:"finished_at,omitempty"`
+	ExpiresAt         *time.Time       `json:"expires_at,omitempty"`
+	Phases            []phaseResource  `json:"phases,omitempty"`
+}
+
+type leaseResource struct {
+	Owner     string     `json:"owner,omitempty"`
+	Token     int64      `json:"token"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+}
+
+type phaseResource struct {
+	Seq        int              `json:"seq"`
+	Name       string           `json:"name"`
+	Kind       engine.PhaseKind `json:"kind"`
+	Status     string           `json:"status"`
+	ChildKey   *string          `json:"child_key,omitempty"`
+	Attempts   int              `json:"attempts"`
+	Output     json.RawMessage  `json:"output,omitempty"`
+	Error      *engine.RunError `json:"error,omitempty"`
+	StartedAt  time.Time        `json:"started_at"`
+	FinishedAt time.Time        `json:"finished_at"`
+}
+
+func newRunResource(r *engine.Run, phases []engine.Phase) runResource {
+	res := runResource{
+		ID: r.ID, Workflow: r.Workflow, WorkflowVersion: r.WorkflowVersion, IdempotencyKey: r.IdempotencyKey,
+		Status: r.Status, RecoveryPoint: r.RecoveryPoint, Attempt: r.Attempt, Output: r.Output, Error: r.Error,
+		NextAttemptAt: r.NextAttemptAt, CancelRequestedAt: r.CancelRequestedAt,
+		CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(), FinishedAt: utc(r.FinishedAt), ExpiresAt: utc(r.ExpiresAt),
+	}
+	if r.LeaseExpiresAt != nil {
+		res.Lease = &leaseResource{Token: r.LeaseToken, ExpiresAt: utc(r.LeaseExpiresAt)}
+		if r.LeaseOwner != nil {
+			res.Lease.Owner = *r.LeaseOwner
+		}
+	}
+	for _, p := range phases {
+		status := "committed"
+		if p.Error != nil {
+			status = "failed"
+		}
+		res.Phases = append(res.Phases, phaseResource{
+			Seq: p.Seq, Name: p.Name, Kind: p.Kind, Status: status, ChildKey: p.ChildKey, Attempts: p.Attempts,
+			Output: p.Output, Error: p.Error, StartedAt: p.StartedAt.UTC(), FinishedAt: p.FinishedAt.UTC(),
+		})
+	}
+	return res
+}
+
+func utc(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		writeProblem(w, problem{Status: http.StatusInternalServerError, Code: codeInternal, Title: "Internal error"})
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(body) //nolint:errcheck // the client may be gone
+}
+
+// finalResponse renders a finished run as its start request's response:
+// the stored status with the run (success) or a problem (failure).
+func finalResponse(r *engine.Run) (status int, contentType string, body []byte) {
+	status = http.StatusConflict
+	if r.ResponseStatus != nil {
+		status = *r.ResponseStatus
+	}
+	if r.Status == engine.StatusSucceeded {
+		body, _ = json.Marshal(newRunResource(r, nil))
+		return status, "application/json", body
+	}
+	p := problem{Status: status, RunID: r.ID, Instance: "/v1/runs/" + r.ID}
+	switch {
+	case r.Status == engine.StatusCancelled:
+		p.Code, p.Title = codeRunCancelled, "The run was cancelled"
+	case r.Error != nil:
+		p.Code, p.Title, p.Detail = r.Error.Code, "The run failed", r.Error.Message
+	default:
+		p.Code, p.Title = "run_failed", "The run failed"
+	}
+	p.Type = "urn:ratchet:problem:" + p.Code
+	body, _ = json.Marshal(p)
+	return status, "application/problem+json", body
+}
