@@ -111,7 +111,9 @@ func New(cfg *Config) (*Handler, error) {
 	}
 
 	h.mux = http.NewServeMux()
-	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, map[string]string{"status": "ok"}) })
+	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
 	h.mux.HandleFunc("GET /readyz", h.ready)
 	h.mux.Handle("POST /v1/workflows/{workflow}/runs", h.authed(h.startRun))
 	h.mux.Handle("GET /v1/runs/{id}", h.authed(h.getRun))
