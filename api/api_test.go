@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratchet-run/ratchet/api"
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/steps"
 )
 
 func decode[T any](t *testing.T, r response) T {
@@ -269,14 +270,17 @@ func TestListFiltersValidateAndFindChildKeys(t *testing.T) {
 	requireProblem(t, b.do(t, http.MethodGet, "/v1/runs?limit=x", ""), http.StatusBadRequest, "invalid_query")
 	requireProblem(t, b.do(t, http.MethodGet, "/v1/runs?status=done", ""), http.StatusBadRequest, "invalid_query")
 
-	run := decode[runJSON](t, b.start(t, "echo", "k", `{"value":"a"}`))
-	// Record a child key for the run, as a step would have.
-	_, err := b.pool.Exec(context.Background(), `UPDATE ratchet.phases SET child_key = 'rk1_test' WHERE run_id = $1`, run.ID)
-	require.NoError(t, err)
-	list := decode[struct{ Data []runJSON }](t, b.do(t, http.MethodGet, "/v1/runs?child_key=rk1_test", ""))
-	require.Len(t, list.Data, 1)
+	b.start(t, "charge", "other", `{"customer":"cus_1","amount":3}`)
+	run := decode[runJSON](t, b.start(t, "charge", "k", `{"customer":"cus_1","amount":5}`))
+	got := decode[runJSON](t, b.do(t, http.MethodGet, "/v1/runs/"+run.ID, ""))
+	require.Len(t, got.Phases, 1)
+	childKey := *got.Phases[0].ChildKey
+	require.Equal(t, string(steps.ChildKey(engine.DefaultTenant, run.ID, "charged")), childKey)
+
+	list := decode[struct{ Data []runJSON }](t, b.do(t, http.MethodGet, "/v1/runs?child_key="+childKey, ""))
+	require.Len(t, list.Data, 1, "the child key finds the run that issued it")
 	require.Equal(t, run.ID, list.Data[0].ID)
-	list = decode[struct{ Data []runJSON }](t, b.do(t, http.MethodGet, "/v1/runs?workflow=echo&status=succeeded&idempotency_key=k", ""))
+	list = decode[struct{ Data []runJSON }](t, b.do(t, http.MethodGet, "/v1/runs?workflow=charge&status=succeeded&idempotency_key=k", ""))
 	require.Len(t, list.Data, 1)
 }
 
@@ -288,4 +292,14 @@ func TestDatabaseConflictsAreConflictsNotServerErrors(t *testing.T) {
 		require.Equal(t, http.StatusConflict, api.StatusOf(&pgconn.PgError{Code: code}), code)
 	}
 	require.Equal(t, http.StatusInternalServerError, api.StatusOf(pgx.ErrTxClosed))
+}
+
+func TestServerIsHardened(t *testing.T) {
+	t.Parallel()
+	srv := api.NewServer(":0", http.NotFoundHandler(), 30*time.Second)
+	require.Equal(t, 5*time.Second, srv.ReadHeaderTimeout)
+	require.Equal(t, 30*time.Second, srv.ReadTimeout)
+	require.Equal(t, 40*time.Second, srv.WriteTimeout, "longer than the longest inline wait")
+	require.Equal(t, 2*time.Minute, srv.IdleTimeout)
+	require.Equal(t, 64<<10, srv.MaxHeaderBytes)
 }

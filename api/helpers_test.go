@@ -18,7 +18,9 @@ import (
 
 	"github.com/ratchet-run/ratchet/api"
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/internal/fakes"
 	"github.com/ratchet-run/ratchet/internal/testdb"
+	"github.com/ratchet-run/ratchet/steps"
 )
 
 type testBundle struct {
@@ -76,6 +78,16 @@ func setup(t testing.TB, cfg *api.Config) *testBundle {
 		}
 		return in, nil
 	}, &engine.WorkflowOpts{SuccessStatus: http.StatusCreated, ErrorStatuses: map[string]int{"card_declined": http.StatusPaymentRequired}})
+	require.NoError(t, err)
+
+	gw := httptest.NewServer(fakes.NewGateway(nil))
+	t.Cleanup(gw.Close)
+	gwClient := &fakes.GatewayClient{BaseURL: gw.URL, HTTP: steps.NewClient(nil)}
+	_, err = engine.Register(workflows, "charge", func(ctx context.Context, in payIn) (fakes.Charge, error) {
+		return engine.Step(ctx, "charged", func(ctx context.Context, _ steps.Key) (fakes.Charge, error) {
+			return gwClient.Charge(ctx, fakes.ChargeRequest{Amount: int64(in.Amount), Currency: "usd", Customer: in.Customer})
+		}, nil)
+	}, nil)
 	require.NoError(t, err)
 
 	b.engine, err = engine.NewClient(b.pool, &engine.Config{Workflows: workflows, StaleAfter: 2 * time.Second})
