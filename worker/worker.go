@@ -75,6 +75,18 @@ type Config struct {
 	// their runs over to other processes. Defaults to 5s.
 	ShutdownGrace time.Duration
 
+	// Workers holds the application's own River workers (an outbox's
+	// delivery, say) to be worked by this process's River client beside
+	// Ratchet's. Defaults to none.
+	Workers *river.Workers
+	// Queues are the application's own River queues. Ratchet's queue is
+	// added to them.
+	Queues map[string]river.QueueConfig
+	// RescueStuckJobsAfter is when River retries a job still running in a
+	// process that died (River jobs hold no lease). Defaults to
+	// ExecutionTimeout plus a minute; Ratchet's runs never wait for it.
+	RescueStuckJobsAfter time.Duration
+
 	// Logger receives the worker's and River's logs. Defaults to the
 	// engine's logger, else discarding.
 	Logger *slog.Logger
@@ -124,7 +136,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("worker: PruneInterval %s is below 1s", c.PruneInterval)
 	case c.ExecutionTimeout < time.Second:
 		return fmt.Errorf("worker: ExecutionTimeout %s is below 1s", c.ExecutionTimeout)
-	case c.ShutdownGrace < 0, c.StuckLookAfter < 0, c.SweepBatchSize < 0, c.PruneBatchSize < 0:
+	case c.ShutdownGrace < 0, c.StuckLookAfter < 0, c.SweepBatchSize < 0, c.PruneBatchSize < 0, c.RescueStuckJobsAfter < 0:
 		return errors.New("worker: negative setting")
 	}
 	return nil
@@ -151,7 +163,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 	}
 	w := &Worker{pool: pool, cfg: cfg, logger: cfg.Logger}
 
-	workers := river.NewWorkers()
+	workers := cfg.Workers
+	if workers == nil {
+		workers = river.NewWorkers()
+	}
 	resume := &resumeWorker{timeout: cfg.ExecutionTimeout}
 	river.AddWorker(workers, resume)
 	river.AddWorker(workers, &sweepWorker{w: w})
@@ -163,10 +178,16 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		FetchPollInterval:    cfg.FetchPollInterval,
 		FetchCooldown:        min(river.FetchCooldownDefault, cfg.FetchPollInterval),
 		JobTimeout:           time.Minute,
-		RescueStuckJobsAfter: cfg.ExecutionTimeout + time.Minute,
+		RescueStuckJobsAfter: cmpOr(cfg.RescueStuckJobsAfter, cfg.ExecutionTimeout+time.Minute),
 	}
 	if !cfg.InsertOnly {
 		riverCfg.Queues = map[string]river.QueueConfig{cfg.Queue: {MaxWorkers: cfg.MaxWorkers}}
+		for name, q := range cfg.Queues {
+			if name == cfg.Queue {
+				return nil, fmt.Errorf("worker: queue %q is Ratchet's", name)
+			}
+			riverCfg.Queues[name] = q
+		}
 		riverCfg.PeriodicJobs = []*river.PeriodicJob{
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.SweepInterval),
 				func() (river.JobArgs, *river.InsertOpts) { return sweepArgs{}, &river.InsertOpts{Queue: cfg.Queue} },

@@ -18,9 +18,11 @@ const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=
 
 // cli is the command line: one field per subcommand.
 type cli struct {
-	Dev     devCmd     `cmd:"" help:"Run the quickstart demo against Postgres: migrate, start a transfer, replay it, reuse its key wrongly, crash it and resume it."`
+	Dev     devCmd     `cmd:"" help:"Zero-configuration demo: find or start Postgres, migrate, run the API, a worker, the payment example and the fakes in one process."`
+	Serve   serveCmd   `cmd:"" help:"Run the API and a worker (--no-worker: the API only)."`
+	Worker  workerCmd  `cmd:"" help:"Run a worker only: resume crashed runs, retry, sweep, prune, deliver receipts."`
 	Migrate migrateCmd `cmd:"" help:"Apply Ratchet's and River's migrations to the database."`
-	Fakes   fakesCmd   `cmd:"" help:"Run the fake payment gateway (Stripe-like idempotency, injectable faults) as its own process."`
+	Fakes   fakesCmd   `cmd:"" help:"Run the fake payment gateway and mail service as their own process."`
 }
 
 // env is what every subcommand's Run receives.

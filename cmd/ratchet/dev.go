@@ -1,159 +1,196 @@
 package main
 
 import (
+	"bytes"
 	"context"
-	"errors"
+	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oklog/ulid/v2"
 
-	"github.com/ratchet-run/ratchet/engine"
-	"github.com/ratchet-run/ratchet/examples/quickstart"
+	"github.com/ratchet-run/ratchet/api"
+	"github.com/ratchet-run/ratchet/internal/fakes"
+	"github.com/ratchet-run/ratchet/internal/pgboot"
 	"github.com/ratchet-run/ratchet/migrations"
-	"github.com/ratchet-run/ratchet/worker"
 )
 
 type devCmd struct {
-	dbFlags
-	StaleAfter time.Duration `name:"stale-after" env:"RATCHET_STALE_AFTER" default:"2s" help:"Lease length: how long a crashed run waits before another executor takes it over (env RATCHET_STALE_AFTER)."`
+	DatabaseURL string        `name:"database-url" env:"DATABASE_URL" help:"Postgres connection string (env DATABASE_URL). Unset: 127.0.0.1:5432 if it answers, else a throwaway cluster started from the installed Postgres."`
+	Addr        string        `name:"addr" env:"RATCHET_ADDR" default:"127.0.0.1:8080" help:"Address the API listens on (env RATCHET_ADDR)."`
+	StaleAfter  time.Duration `name:"stale-after" env:"RATCHET_STALE_AFTER" default:"5s" help:"Lease length (env RATCHET_STALE_AFTER)."`
+	Demo        bool          `name:"demo" default:"true" negatable:"" help:"Make a payment, replay it, reuse its key wrongly and decline a card through the API, and print what happened."`
 }
 
 func (c *devCmd) Run(e *env) error {
 	ctx := e.ctx
-	pool, err := c.connect(ctx)
+	out := func(format string, args ...any) { fmt.Fprintf(e.stdout, format+"\n", args...) }
+
+	dsn, stopCluster, err := c.database(ctx, out)
+	if err != nil {
+		return err
+	}
+	defer stopCluster()
+	pool, err := (&dbFlags{DatabaseURL: dsn}).connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	out := func(format string, args ...any) { fmt.Fprintf(e.stdout, format+"\n", args...) }
-
 	res, err := migrations.Apply(ctx, pool, nil)
 	if err != nil {
 		return err
 	}
-	cfg := pool.Config().ConnConfig
-	out("Postgres at %s:%d/%s; schema %q migrated (%d Ratchet and %d River migrations applied now)",
-		cfg.Host, cfg.Port, cfg.Database, migrations.Schema, len(res.Applied), len(res.RiverVersions))
-	if err := quickstart.Setup(ctx, pool, map[string]int64{"alice": 1_000_000, "bob": 0}); err != nil {
+	out("migrated (%d Ratchet and %d River migrations applied now)", len(res.Applied), len(res.RiverVersions))
+	if err := setUp(ctx, pool); err != nil {
 		return err
 	}
 
-	workflows := engine.NewWorkflows()
-	transfer, err := quickstart.Register(workflows)
+	// The downstreams, in this process.
+	gateway, mail := fakes.NewGateway(nil), fakes.NewMail(nil)
+	gwLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	engineCfg := engine.Config{Workflows: workflows, StaleAfter: c.StaleAfter, ID: "dev-executor-1"}
-	w, err := worker.New(pool, &worker.Config{Engine: engineCfg, FetchPollInterval: 100 * time.Millisecond})
+	mailLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	if err := w.Start(ctx); err != nil {
-		return err
-	}
-	defer func() {
-		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		_ = w.Stop(stopCtx)
-	}()
-	client := w.Engine()
+	go serve(ctx, gwLn, gateway) //nolint:errcheck // ends with ctx
+	go serve(ctx, mailLn, mail)  //nolint:errcheck // ends with ctx
 
+	logger := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	a, err := newApp(pool, appFlags{StaleAfter: c.StaleAfter, GatewayURL: "http://" + gwLn.Addr().String(), MailURL: "http://" + mailLn.Addr().String()}, true, logger)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", c.Addr)
+	if err != nil {
+		return fmt.Errorf("API cannot listen on %s: %s (set --addr or RATCHET_ADDR)", c.Addr, reason(err))
+	}
+	if err := a.worker.Start(ctx); err != nil {
+		ln.Close()
+		return err
+	}
+	srv := api.NewServer(c.Addr, a.handler, api.DefaultMaxWait)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	base := "http://" + ln.Addr().String()
+
+	out("")
+	out("Ratchet is running:")
+	out("  API           %s  (no authentication: tenant \"default\")", base)
+	out("  worker        resumes crashed runs after %s, delivers receipts", c.StaleAfter)
+	out("  fake gateway  http://%s/stats", gwLn.Addr())
+	out("  fake mail     http://%s/stats", mailLn.Addr())
+	out("")
+	out("Make a payment (run it twice: the second is a replay):")
+	out("  curl -i -X POST %s/v1/workflows/payment/runs \\", base)
+	out("    -H 'Idempotency-Key: order-1' -H 'Content-Type: application/json' \\")
+	out(`    -d '{"amount": 1299, "currency": "usd", "customer": "cus_123", "email": "a@example.com"}'`)
+	out("")
+	if c.Demo {
+		if err := demo(ctx, base, gateway, mail, out); err != nil {
+			out("demo: %v", err)
+		}
+	}
+	out("ready; Ctrl-C stops")
+
+	select {
+	case err := <-errc:
+		_ = stopApp(a, nil)
+		return err
+	case <-ctx.Done():
+	}
+	out("shutting down")
+	return stopApp(a, srv)
+}
+
+// database returns the DSN to use, and a function that stops the
+// throwaway cluster if one was started.
+func (c *devCmd) database(ctx context.Context, out func(string, ...any)) (string, func(), error) {
+	if c.DatabaseURL != "" {
+		return c.DatabaseURL, func() {}, nil
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if pool, err := pgxpool.New(pingCtx, defaultDatabaseURL); err == nil {
+		err = pool.Ping(pingCtx)
+		pool.Close()
+		if err == nil {
+			out("using Postgres at 127.0.0.1:5432")
+			return defaultDatabaseURL, func() {}, nil
+		}
+	}
+	out("no Postgres answers at 127.0.0.1:5432; starting a throwaway cluster...")
+	cluster, err := pgboot.Start(ctx)
+	if err != nil {
+		return "", nil, fmt.Errorf("cannot start a throwaway Postgres: %w", err)
+	}
+	out("started Postgres from %s in %s (deleted on exit)", cluster.Bin, cluster.Dir)
+	return cluster.URL, func() {
+		if err := cluster.Stop(); err != nil {
+			out("stopping the throwaway Postgres: %v", err)
+		}
+	}, nil
+}
+
+// demo exercises the API as a client would and prints what it saw.
+func demo(ctx context.Context, base string, gateway *fakes.Gateway, mail *fakes.Mail, out func(string, ...any)) error {
 	key := "demo-" + strings.ToLower(ulid.Make().String())
-	in := quickstart.TransferInput{From: "alice", To: "bob", Amount: 1299}
-	out("\n1. Start %s with Idempotency-Key %q: %+v", quickstart.WorkflowName, key, in)
-	first, err := transfer.Start(ctx, client, key, in, nil)
-	if err != nil {
-		return err
+	payment := `{"amount": 1299, "currency": "usd", "customer": "cus_123", "email": "a@example.com"}`
+	post := func(key, body string) (int, http.Header, string, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/workflows/payment/runs", strings.NewReader(body))
+		if err != nil {
+			return 0, nil, "", err
+		}
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, nil, "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		var compact bytes.Buffer
+		if json.Compact(&compact, b) == nil {
+			b = compact.Bytes()
+		}
+		return resp.StatusCode, resp.Header, string(b), err
 	}
-	out("   %s run %s: %s at recovery point %q, output %s", first.Outcome, first.Run.ID, first.Run.Status, first.Run.RecoveryPoint, first.Run.Output)
 
-	out("\n2. The same request again (a client retry)")
-	again, err := transfer.Start(ctx, client, key, in, nil)
+	out("Demo:")
+	status, _, body, err := post(key, payment)
 	if err != nil {
 		return err
 	}
-	out("   %s: stored output replayed, nothing executed: %s", again.Outcome, again.Run.Output)
-
-	out("\n3. The same key with a different amount")
-	in2 := in
-	in2.Amount = 5000
-	_, err = transfer.Start(ctx, client, key, in2, nil)
-	if !errors.Is(err, engine.ErrFingerprintMismatch) {
-		return fmt.Errorf("expected a fingerprint mismatch, got %v", err)
-	}
-	out("   rejected: %v", err)
-
-	crashKey := key + "-crash"
-	out("\n4. A run whose executor dies after its first phase (key %q)", crashKey)
-	crashCtx, crash := context.WithCancel(ctx)
-	doomedCfg := engineCfg
-	doomedCfg.ID, doomedCfg.Hooks = "dev-executor-doomed", crashAfter{phase: "debited", crash: crash}
-	doomed, err := worker.New(pool, &worker.Config{Engine: doomedCfg, InsertOnly: true})
+	out("  1. payment with Idempotency-Key %s -> %d", key, status)
+	out("     %s", body)
+	status, h, body2, err := post(key, payment)
 	if err != nil {
 		return err
 	}
-	abandoned, err := transfer.Start(crashCtx, doomed.Engine(), crashKey, in, nil)
-	if !errors.Is(err, context.Canceled) {
-		return fmt.Errorf("expected the doomed executor to be abandoned, got %v", err)
-	}
-	run, err := client.Run(ctx, abandoned.Run.ID)
+	out("  2. the same request again -> %d, Idempotent-Replayed: %s, body identical: %t", status, h.Get("Idempotent-Replayed"), body2 == body)
+	status, _, body, err = post(key, strings.Replace(payment, "1299", "5000", 1))
 	if err != nil {
 		return err
 	}
-	out("   run %s left %s at recovery point %q, leased by %s (token %d)", run.ID, run.Status, run.RecoveryPoint, *run.LeaseOwner, run.LeaseToken)
-	out("   the worker will take it over once the lease is stale (stale-after %s)...", c.StaleAfter)
-	began := time.Now()
-	resumed, err := awaitFinished(ctx, client, run.ID)
+	out("  3. the same key, another amount -> %d %s", status, body)
+	status, _, body, err = post(key+"-declined", `{"amount": 500, "currency": "usd", "customer": "cus_declined", "email": "b@example.com"}`)
 	if err != nil {
 		return err
 	}
-	out("   the worker took it over %s later (token %d): %s, output %s", time.Since(began).Round(10*time.Millisecond), resumed.LeaseToken, resumed.Status, resumed.Output)
-	phases, err := client.Phases(ctx, run.ID)
-	if err != nil {
-		return err
+	out("  4. a declined card -> %d %s", status, body)
+	deadline := time.Now().Add(5 * time.Second)
+	for mail.Stats().Deliveries == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
 	}
-	for _, p := range phases {
-		out("   journal: phase %d %-9s committed %s", p.Seq, p.Name, p.FinishedAt.Format(time.RFC3339Nano))
-	}
-	out("   the debit committed once, before the crash; the resumed executor replayed it from the journal and ran only the credit.")
+	out("  gateway: %d charge(s); mail: %d receipt(s) delivered", gateway.Stats().Charges, mail.Stats().Deliveries)
+	out("")
 	return nil
-}
-
-// awaitFinished polls until the run has finished: the worker resumes it in
-// this process, but through River, so there is nothing to wait on here.
-func awaitFinished(ctx context.Context, client *engine.Client, runID string) (*engine.Run, error) {
-	ticker := time.NewTicker(50 * time.Millisecond)
-	defer ticker.Stop()
-	for {
-		run, err := client.Run(ctx, runID)
-		if err != nil || run.Status.Finished() {
-			return run, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-ticker.C:
-		}
-	}
-}
-
-// crashAfter abandons an execution as soon as the named phase commits,
-// standing in for a process that dies at that point.
-type crashAfter struct {
-	phase string
-	crash context.CancelFunc
-}
-
-func (h crashAfter) Run(ctx context.Context, _ engine.RunInfo) (context.Context, func(engine.RunEnd)) {
-	return ctx, func(engine.RunEnd) {}
-}
-
-func (h crashAfter) Phase(ctx context.Context, info engine.PhaseInfo) (context.Context, func(error)) {
-	return ctx, func(err error) {
-		if err == nil && info.Name == h.phase && !info.Replayed {
-			h.crash()
-		}
-	}
 }

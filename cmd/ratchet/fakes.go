@@ -13,19 +13,29 @@ import (
 
 type fakesCmd struct {
 	GatewayAddr string        `name:"gateway-addr" env:"RATCHET_GATEWAY_ADDR" default:"127.0.0.1:4242" help:"Address the fake gateway listens on (env RATCHET_GATEWAY_ADDR)."`
-	FailBefore  int           `name:"fail-before" help:"For each idempotency key, answer the first N requests 500 without charging."`
+	MailAddr    string        `name:"mail-addr" env:"RATCHET_MAIL_ADDR" default:"127.0.0.1:4243" help:"Address the fake mail service listens on (env RATCHET_MAIL_ADDR)."`
+	FailBefore  int           `name:"fail-before" help:"For each idempotency key, answer the first N charges 500 without charging."`
 	DropAfter   int           `name:"drop-after" help:"For each idempotency key, charge on the next N requests and close the connection without answering."`
 	Latency     time.Duration `name:"latency" help:"Delay every charge by this long."`
 }
 
 func (c *fakesCmd) Run(e *env) error {
 	gw := fakes.NewGateway(&fakes.GatewayOpts{Faults: fakes.Faults{FailBefore: c.FailBefore, DropAfter: c.DropAfter, Latency: c.Latency}})
-	ln, err := net.Listen("tcp", c.GatewayAddr)
+	gwLn, err := net.Listen("tcp", c.GatewayAddr)
 	if err != nil {
 		return fmt.Errorf("fake gateway cannot listen on %s: %s", c.GatewayAddr, reason(err))
 	}
-	fmt.Fprintf(e.stdout, "fake gateway listening on http://%s (POST /v1/charges, GET /v1/charges?idempotency_key=, GET /stats, PUT /faults)\n", ln.Addr())
-	return serve(e.ctx, ln, gw)
+	mailLn, err := net.Listen("tcp", c.MailAddr)
+	if err != nil {
+		gwLn.Close()
+		return fmt.Errorf("fake mail service cannot listen on %s: %s", c.MailAddr, reason(err))
+	}
+	fmt.Fprintf(e.stdout, "fake gateway listening on http://%s (POST /v1/charges, GET /v1/charges?idempotency_key=, GET /stats, PUT /faults)\n", gwLn.Addr())
+	fmt.Fprintf(e.stdout, "fake mail service listening on http://%s (POST /v1/messages, GET /stats)\n", mailLn.Addr())
+	errc := make(chan error, 2)
+	go func() { errc <- serve(e.ctx, gwLn, gw) }()
+	go func() { errc <- serve(e.ctx, mailLn, fakes.NewMail(nil)) }()
+	return errors.Join(<-errc, <-errc)
 }
 
 // serve runs handler on ln until ctx ends, then shuts down gracefully.

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -22,21 +23,80 @@ func runMain(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	return code, out.String(), errOut.String()
 }
 
-func TestDevRunsTheQuickstartDemo(t *testing.T) {
+// runUntil runs the command until a printed line contains marker, then
+// cancels it and returns everything printed and its exit code.
+func runUntil(t *testing.T, marker string, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	lines := make(lineWriter, 1000)
+	done := make(chan int, 1)
+	go func() { done <- Main(ctx, args, lines, io.Discard) }()
+	var out strings.Builder
+	timeout := time.After(60 * time.Second)
+	for !strings.Contains(out.String(), marker) {
+		select {
+		case l := <-lines:
+			out.WriteString(l)
+		case code := <-done:
+			t.Fatalf("exited %d before %q:\n%s", code, marker, out.String())
+		case <-timeout:
+			t.Fatalf("no %q within a minute:\n%s", marker, out.String())
+		}
+	}
+	cancel()
+	code := <-done
+	for {
+		select {
+		case l := <-lines:
+			out.WriteString(l)
+		default:
+			return out.String(), code
+		}
+	}
+}
+
+func TestDevServesThePaymentDemo(t *testing.T) {
 	t.Parallel()
-	url := testdb.NewURL(t)
-	code, out, errOut := runMain(t, "dev", "--database-url", url, "--stale-after", "300ms")
-	require.Equal(t, 0, code, "stderr: %s\nstdout: %s", errOut, out)
+	out, code := runUntil(t, "ready; Ctrl-C stops", "dev", "--database-url", testdb.NewURL(t), "--addr", "127.0.0.1:0")
+	require.Equal(t, 0, code, out)
 	for _, want := range []string{
-		"created run", "succeeded",
-		"finished: stored output replayed",
-		"rejected: engine: idempotency key belongs to run",
-		`left running at recovery point "debited"`,
-		"the worker took it over", "(token 2): succeeded",
-		"phase 0 debited", "phase 1 credited",
+		"Ratchet is running", "curl -i -X POST http://127.0.0.1:",
+		"1. payment with Idempotency-Key", "-> 201", `"status":"succeeded"`,
+		"2. the same request again -> 201, Idempotent-Replayed: true, body identical: true",
+		"3. the same key, another amount -> 422",
+		"4. a declined card -> 402",
+		"gateway: 1 charge(s); mail: 1 receipt(s) delivered",
+		"shutting down",
 	} {
 		require.Contains(t, out, want)
 	}
+}
+
+func TestServeRefusesAnUnmigratedDatabase(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewURL(t)
+	pool := testdb.Connect(t, url, nil)
+	_, err := pool.Exec(context.Background(), `DROP SCHEMA ratchet CASCADE`)
+	require.NoError(t, err)
+	code, _, errOut := runMain(t, "serve", "--database-url", url, "--addr", "127.0.0.1:0")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "run `ratchet migrate` first")
+}
+
+func TestServeRunsTheAPIUntilStopped(t *testing.T) {
+	t.Parallel()
+	out, code := runUntil(t, "ratchet API listening on", "serve", "--database-url", testdb.NewURL(t), "--addr", "127.0.0.1:0", "--tokens", "s3cret=acme")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "shutting down")
+}
+
+func TestBadTokensAreRefusedWithoutEchoingThem(t *testing.T) {
+	t.Parallel()
+	code, _, errOut := runMain(t, "serve", "--database-url", testdb.NewURL(t), "--addr", "127.0.0.1:0", "--tokens", "supersecretvalue")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "want token=tenant")
+	require.NotContains(t, errOut, "supersecretvalue")
 }
 
 func TestMigrateIsIdempotent(t *testing.T) {

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+
+	"github.com/ratchet-run/ratchet/api"
+	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/examples/payments"
+	"github.com/ratchet-run/ratchet/examples/quickstart"
+	"github.com/ratchet-run/ratchet/worker"
+)
+
+// appFlags configure the Ratchet service that serve, worker and dev run:
+// the example workflows, their downstreams, the engine and the API.
+type appFlags struct {
+	StaleAfter time.Duration `name:"stale-after" env:"RATCHET_STALE_AFTER" default:"30s" help:"Lease length: how long a run whose executor died waits before another process takes it over (env RATCHET_STALE_AFTER)."`
+	GatewayURL string        `name:"gateway-url" env:"RATCHET_GATEWAY_URL" default:"http://127.0.0.1:4242" help:"Payment gateway base URL (env RATCHET_GATEWAY_URL)."`
+	MailURL    string        `name:"mail-url" env:"RATCHET_MAIL_URL" default:"http://127.0.0.1:4243" help:"Mail service base URL (env RATCHET_MAIL_URL)."`
+	Tokens     string        `name:"tokens" env:"RATCHET_TOKENS" help:"API bearer tokens as token=tenant pairs, comma separated (env RATCHET_TOKENS). None: no authentication, tenant \"default\"."`
+}
+
+// app is a running service's parts.
+type app struct {
+	worker  *worker.Worker
+	handler *api.Handler
+}
+
+func parseTokens(s string) (map[string]string, error) {
+	tokens := map[string]string{}
+	for _, pair := range strings.Split(s, ",") {
+		if pair = strings.TrimSpace(pair); pair == "" {
+			continue
+		}
+		token, tenant, ok := strings.Cut(pair, "=")
+		if !ok || token == "" || tenant == "" {
+			return nil, fmt.Errorf("bad --tokens entry %q: want token=tenant", redactToken(pair))
+		}
+		tokens[token] = tenant
+	}
+	return tokens, nil
+}
+
+// redactToken keeps an error message from echoing a secret.
+func redactToken(pair string) string {
+	if len(pair) <= 4 {
+		return "****"
+	}
+	return pair[:2] + "…"
+}
+
+// newApp wires the example workflows, a worker (insert-only when work is
+// false) and the API over pool, which must be migrated and set up.
+func newApp(pool *pgxpool.Pool, f appFlags, work bool, logger *slog.Logger) (*app, error) {
+	workflows := engine.NewWorkflows()
+	pay, err := payments.New(payments.Config{Pool: pool, GatewayURL: f.GatewayURL, MailURL: f.MailURL})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := pay.Register(workflows); err != nil {
+		return nil, err
+	}
+	if _, err := quickstart.Register(workflows); err != nil {
+		return nil, err
+	}
+	riverWorkers := river.NewWorkers()
+	if err := pay.AddWorkers(riverWorkers); err != nil {
+		return nil, err
+	}
+	w, err := worker.New(pool, &worker.Config{
+		Engine:     engine.Config{Workflows: workflows, StaleAfter: f.StaleAfter, Logger: logger},
+		InsertOnly: !work,
+		Workers:    riverWorkers,
+		Queues:     map[string]river.QueueConfig{payments.QueueReceipts: {MaxWorkers: 10}},
+		Logger:     logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	tokens, err := parseTokens(f.Tokens)
+	if err != nil {
+		return nil, err
+	}
+	h, err := api.New(&api.Config{Engine: w.Engine(), Tokens: tokens, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	return &app{worker: w, handler: h}, nil
+}
+
+// setUp creates the example workflows' tables.
+func setUp(ctx context.Context, pool *pgxpool.Pool) error {
+	if err := payments.Setup(ctx, pool); err != nil {
+		return err
+	}
+	return quickstart.Setup(ctx, pool, map[string]int64{"alice": 1_000_000, "bob": 0})
+}
+
+// stopApp stops the server (if any) and the worker gracefully.
+func stopApp(a *app, srv *http.Server) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var firstErr error
+	if srv != nil {
+		if err := srv.Shutdown(ctx); err != nil {
+			firstErr = err
+		}
+	}
+	if err := a.worker.Stop(ctx); err != nil && firstErr == nil {
+		firstErr = err
+	}
+	return firstErr
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+
+	"github.com/ratchet-run/ratchet/api"
+	"github.com/ratchet-run/ratchet/migrations"
+)
+
+type serveCmd struct {
+	dbFlags
+	appFlags
+	Addr   string `name:"addr" env:"RATCHET_ADDR" default:"127.0.0.1:8080" help:"Address the API listens on (env RATCHET_ADDR)."`
+	Worker bool   `name:"worker" default:"true" negatable:"" help:"Also work jobs: resume crashed runs, deliver receipts (--no-worker for an API-only process)."`
+}
+
+func (c *serveCmd) Run(e *env) error {
+	pool, err := c.connect(e.ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := migrations.Check(e.ctx, pool); err != nil {
+		return fmt.Errorf("%v: run `ratchet migrate` first", err)
+	}
+	if err := setUp(e.ctx, pool); err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewJSONHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	a, err := newApp(pool, c.appFlags, c.Worker, logger)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", c.Addr)
+	if err != nil {
+		return fmt.Errorf("API cannot listen on %s: %s", c.Addr, reason(err))
+	}
+	if err := a.worker.Start(e.ctx); err != nil {
+		ln.Close()
+		return err
+	}
+	srv := api.NewServer(c.Addr, a.handler, api.DefaultMaxWait)
+	fmt.Fprintf(e.stdout, "ratchet API listening on http://%s (worker: %t)\n", ln.Addr(), c.Worker)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		_ = stopApp(a, nil)
+		return err
+	case <-e.ctx.Done():
+	}
+	fmt.Fprintln(e.stdout, "shutting down")
+	if err := stopApp(a, srv); err != nil {
+		return err
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+type workerCmd struct {
+	dbFlags
+	appFlags
+}
+
+func (c *workerCmd) Run(e *env) error {
+	pool, err := c.connect(e.ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := migrations.Check(e.ctx, pool); err != nil {
+		return fmt.Errorf("%v: run `ratchet migrate` first", err)
+	}
+	if err := setUp(e.ctx, pool); err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewJSONHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	a, err := newApp(pool, c.appFlags, true, logger)
+	if err != nil {
+		return err
+	}
+	if err := a.worker.Start(e.ctx); err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout, "ratchet worker running")
+	<-e.ctx.Done()
+	fmt.Fprintln(e.stdout, "shutting down")
+	return stopApp(a, nil)
+}
