@@ -177,9 +177,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		Logger:               cfg.Logger,
 		FetchPollInterval:    cfg.FetchPollInterval,
 		FetchCooldown:        min(river.FetchCooldownDefault, cfg.FetchPollInterval),
-		JobTimeout:           time.Minute,
 		RescueStuckJobsAfter: cmpOr(cfg.RescueStuckJobsAfter, cfg.ExecutionTimeout+time.Minute),
 	}
+	// Jobs that set no timeout of their own get a minute; River insists on
+	// rescuing no sooner than that.
+	riverCfg.JobTimeout = min(time.Minute, riverCfg.RescueStuckJobsAfter)
 	if !cfg.InsertOnly {
 		riverCfg.Queues = map[string]river.QueueConfig{cfg.Queue: {MaxWorkers: cfg.MaxWorkers}}
 		for name, q := range cfg.Queues {

@@ -1,0 +1,244 @@
+package payments_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/examples/payments"
+	"github.com/ratchet-run/ratchet/internal/fakes"
+	"github.com/ratchet-run/ratchet/internal/testdb"
+	"github.com/ratchet-run/ratchet/worker"
+)
+
+const helperEnv = "RATCHET_PAYMENTS_TEST_HELPER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		// A receipt delivery process: works the receipts queue until killed.
+		ctx := context.Background()
+		pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+		if err == nil {
+			var w *worker.Worker
+			if w, err = newWorker(pool, os.Getenv("GATEWAY_URL"), os.Getenv("MAIL_URL"), 0); err == nil {
+				err = w.Start(ctx)
+			}
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			os.Exit(1)
+		}
+		fmt.Println("READY")
+		select {}
+	}
+	os.Exit(m.Run())
+}
+
+type testBundle struct {
+	pool    *pgxpool.Pool
+	url     string
+	gateway *fakes.Gateway
+	mail    *fakes.Mail
+	gwURL   string
+	mailURL string
+}
+
+func setup(t *testing.T, mailOpts *fakes.MailOpts) *testBundle {
+	t.Helper()
+	b := &testBundle{url: testdb.NewURL(t), gateway: fakes.NewGateway(nil), mail: fakes.NewMail(mailOpts)}
+	b.pool = testdb.Connect(t, b.url, nil)
+	require.NoError(t, payments.Setup(context.Background(), b.pool))
+	gw, mail := httptest.NewServer(b.gateway), httptest.NewServer(b.mail)
+	t.Cleanup(gw.Close)
+	t.Cleanup(mail.Close)
+	b.gwURL, b.mailURL = gw.URL, mail.URL
+	return b
+}
+
+// newWorker is a process's worker with the payment workflow and the
+// receipt delivery worker.
+func newWorker(pool *pgxpool.Pool, gwURL, mailURL string, rescueAfter time.Duration) (*worker.Worker, error) {
+	p, err := payments.New(payments.Config{Pool: pool, GatewayURL: gwURL, MailURL: mailURL})
+	if err != nil {
+		return nil, err
+	}
+	workflows := engine.NewWorkflows()
+	if _, err := p.Register(workflows); err != nil {
+		return nil, err
+	}
+	workers := river.NewWorkers()
+	if err := p.AddWorkers(workers); err != nil {
+		return nil, err
+	}
+	return worker.New(pool, &worker.Config{
+		Engine:               engine.Config{Workflows: workflows},
+		Workers:              workers,
+		Queues:               map[string]river.QueueConfig{payments.QueueReceipts: {MaxWorkers: 2}},
+		FetchPollInterval:    50 * time.Millisecond,
+		RescueStuckJobsAfter: rescueAfter,
+	})
+}
+
+// startWorker runs a worker in this process until the test ends.
+func (b *testBundle) startWorker(t *testing.T, rescueAfter time.Duration) *worker.Worker {
+	t.Helper()
+	w, err := newWorker(b.pool, b.gwURL, b.mailURL, rescueAfter)
+	require.NoError(t, err)
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, w.Stop(ctx))
+	})
+	return w
+}
+
+// inlineClient executes payments but works no jobs.
+func (b *testBundle) inlineClient(t *testing.T) *engine.Client {
+	t.Helper()
+	p, err := payments.New(payments.Config{Pool: b.pool, GatewayURL: b.gwURL, MailURL: b.mailURL})
+	require.NoError(t, err)
+	workflows := engine.NewWorkflows()
+	_, err = p.Register(workflows)
+	require.NoError(t, err)
+	c, err := engine.NewClient(b.pool, &engine.Config{Workflows: workflows})
+	require.NoError(t, err)
+	return c
+}
+
+func pay(t *testing.T, c *engine.Client, key string, in payments.Input) *engine.Run {
+	t.Helper()
+	input, err := json.Marshal(in)
+	require.NoError(t, err)
+	res, err := c.Start(context.Background(), engine.StartParams{Workflow: payments.WorkflowName, IdempotencyKey: key, Input: input})
+	require.NoError(t, err)
+	return res.Run
+}
+
+var card = payments.Input{Amount: 1299, Currency: "usd", Customer: "cus_123", Email: "a@example.com"}
+
+func (b *testBundle) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+func TestPaymentPostsLedgerAndDeliversOneReceipt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	w := b.startWorker(t, 0)
+	run := pay(t, w.Engine(), "order-1", card)
+	require.Equal(t, engine.StatusSucceeded, run.Status, "%+v", run.Error)
+	require.Equal(t, 201, *run.ResponseStatus)
+	var out payments.Output
+	require.NoError(t, json.Unmarshal(run.Output, &out))
+	require.Equal(t, "succeeded", out.Status)
+	require.Equal(t, "ch_000001", out.ChargeID)
+
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM payments.ledger_entries WHERE payment_id = $1`, out.PaymentID))
+	require.Equal(t, 0, b.count(t, `SELECT coalesce(sum(amount), 0) FROM payments.ledger_entries`), "the ledger sums to zero")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments.payments WHERE status = 'succeeded' AND charge_id = $1`, out.ChargeID))
+	require.Eventually(t, func() bool { return b.mail.Stats().Deliveries == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return b.count(t, `SELECT count(*) FROM payments.receipts`) == 1 }, 10*time.Second, 10*time.Millisecond)
+
+	again := pay(t, w.Engine(), "order-1", card)
+	require.Equal(t, run.Output, again.Output, "a retry replays")
+	require.Equal(t, 1, b.gateway.Stats().Charges)
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM payments.ledger_entries`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM ratchet.river_job WHERE kind = 'payments.receipt'`), "one receipt staged")
+}
+
+func TestDeclinedCardFailsWith402AndNoLedgerOrEmail(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	c := b.inlineClient(t)
+	declined := card
+	declined.Customer = fakes.DeclinedCustomer
+	run := pay(t, c, "order-1", declined)
+	require.Equal(t, engine.StatusFailed, run.Status)
+	require.Equal(t, "card_declined", run.Error.Code)
+	require.Equal(t, 402, *run.ResponseStatus)
+
+	again := pay(t, c, "order-1", declined)
+	require.Equal(t, run.Error, again.Error, "the decline is replayed")
+	require.Len(t, b.gateway.Requests(), 1, "one gateway call")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM payments.ledger_entries`))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM ratchet.river_job WHERE kind = 'payments.receipt'`), "no email")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments.payments WHERE status = 'declined'`))
+}
+
+func TestInvalidPaymentIsRefusedWith400(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	run := pay(t, b.inlineClient(t), "order-1", payments.Input{Amount: -1, Currency: "US dollars", Email: "nope"})
+	require.Equal(t, engine.StatusFailed, run.Status)
+	require.Equal(t, "invalid_payment", run.Error.Code)
+	require.Equal(t, 400, *run.ResponseStatus)
+	require.Empty(t, b.gateway.Requests())
+}
+
+// The one duplicate left: a delivery process killed after the mail service
+// accepted the receipt and before the delivery was recorded. River rescues
+// the job and the receipt is sent again — with the same message id.
+func TestReceiptResentWithSameMessageIDAfterKillBetweenSendAndRecord(t *testing.T) {
+	t.Parallel()
+	delivered := make(chan string, 10)
+	hold := make(chan struct{})
+	var deliveries atomic.Int32
+	b := setup(t, &fakes.MailOpts{AfterDelivery: func(m fakes.Message) {
+		delivered <- m.MessageID
+		if deliveries.Add(1) == 1 {
+			<-hold // the first answer waits until its sender is dead
+		}
+	}})
+	defer close(hold)
+	run := pay(t, b.inlineClient(t), "order-1", card)
+	require.Equal(t, engine.StatusSucceeded, run.Status)
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"=1", "DATABASE_URL="+b.url, "GATEWAY_URL="+b.gwURL, "MAIL_URL="+b.mailURL)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	sc := bufio.NewScanner(stdout)
+	require.True(t, sc.Scan())
+	require.Equal(t, "READY", sc.Text())
+
+	var first string
+	select {
+	case first = <-delivered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the receipt was never sent")
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM payments.receipts`), "the delivery was never recorded")
+
+	// Another process rescues the job once it counts as stuck.
+	b.startWorker(t, time.Second)
+	var second string
+	select {
+	case second = <-delivered:
+	case <-time.After(90 * time.Second):
+		t.Fatal("the receipt was never resent")
+	}
+	require.Equal(t, first, second, "resent with the same message id")
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM payments.receipts WHERE message_id = $1`, first) == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, 2, b.mail.Stats().DeliveriesByMessageID[first])
+}
