@@ -75,7 +75,7 @@ func newApp(pool *pgxpool.Pool, f appFlags, work bool, logger *slog.Logger) (*ap
 		return nil, err
 	}
 	w, err := worker.New(pool, &worker.Config{
-		Engine:     engine.Config{Workflows: workflows, StaleAfter: f.StaleAfter, Logger: logger},
+		Engine:     engine.Config{Workflows: workflows, StaleAfter: f.StaleAfter, Logger: logger, Hooks: crashHooks()},
 		InsertOnly: !work,
 		Workers:    riverWorkers,
 		Queues:     map[string]river.QueueConfig{payments.QueueReceipts: {MaxWorkers: 10}},

@@ -76,7 +76,7 @@ func (f *dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bad database URL: %s", strings.TrimPrefix(err.Error(), "cannot parse `"+f.DatabaseURL+"`: "))
 	}
-	where := fmt.Sprintf("%s:%d/%s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
+	where := f.where()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to Postgres at %s: %w", where, err)
@@ -88,6 +88,16 @@ func (f *dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("cannot reach Postgres at %s: %s (start it, or set DATABASE_URL)", where, reason(err))
 	}
 	return pool, nil
+}
+
+// where names the database of the URL without its credentials.
+func (f *dbFlags) where() string {
+	cfg, err := pgxpool.ParseConfig(f.DatabaseURL)
+	if err != nil {
+		return "the database"
+	}
+	c := cfg.ConnConfig
+	return fmt.Sprintf("%s:%d/%s", c.Host, c.Port, c.Database)
 }
 
 // reason shortens a connection error to its cause.

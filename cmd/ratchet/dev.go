@@ -26,6 +26,10 @@ type devCmd struct {
 	Addr        string        `name:"addr" env:"RATCHET_ADDR" default:"127.0.0.1:8080" help:"Address the API listens on (env RATCHET_ADDR)."`
 	StaleAfter  time.Duration `name:"stale-after" env:"RATCHET_STALE_AFTER" default:"5s" help:"Lease length (env RATCHET_STALE_AFTER)."`
 	Demo        bool          `name:"demo" default:"true" negatable:"" help:"Make a payment, replay it, reuse its key wrongly and decline a card through the API, and print what happened."`
+
+	// probeURL is where dev looks for a running Postgres when no
+	// DATABASE_URL is set; tests point it at a port where none answers.
+	probeURL string
 }
 
 func (c *devCmd) Run(e *env) error {
@@ -117,17 +121,22 @@ func (c *devCmd) database(ctx context.Context, out func(string, ...any)) (string
 	if c.DatabaseURL != "" {
 		return c.DatabaseURL, func() {}, nil
 	}
+	probe := c.probeURL
+	if probe == "" {
+		probe = defaultDatabaseURL
+	}
+	where := (&dbFlags{DatabaseURL: probe}).where()
 	pingCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if pool, err := pgxpool.New(pingCtx, defaultDatabaseURL); err == nil {
+	if pool, err := pgxpool.New(pingCtx, probe); err == nil {
 		err = pool.Ping(pingCtx)
 		pool.Close()
 		if err == nil {
-			out("using Postgres at 127.0.0.1:5432")
-			return defaultDatabaseURL, func() {}, nil
+			out("using Postgres at %s", where)
+			return probe, func() {}, nil
 		}
 	}
-	out("no Postgres answers at 127.0.0.1:5432; starting a throwaway cluster...")
+	out("no Postgres answers at %s; starting a throwaway cluster...", where)
 	cluster, err := pgboot.Start(ctx)
 	if err != nil {
 		return "", nil, fmt.Errorf("cannot start a throwaway Postgres: %w", err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/ratchet-run/ratchet/internal/pgboot"
 	"github.com/ratchet-run/ratchet/internal/testdb"
 )
 
@@ -165,4 +166,33 @@ func TestFakesReportsAPortInUse(t *testing.T) {
 	code, _, errOut := runMain(t, "fakes", "--gateway-addr", ln.Addr().String())
 	require.Equal(t, 1, code)
 	require.Equal(t, "ratchet: fake gateway cannot listen on "+ln.Addr().String()+": bind: address already in use\n", errOut)
+}
+
+func TestDevStartsAThrowawayPostgresWhenNoneAnswers(t *testing.T) {
+	t.Parallel()
+	if _, err := pgboot.FindBin(); err != nil {
+		t.Skip(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	lines := make(lineWriter, 1000)
+	done := make(chan error, 1)
+	cmd := &devCmd{Addr: "127.0.0.1:0", StaleAfter: 5 * time.Second, Demo: true, probeURL: "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=1"}
+	go func() { done <- cmd.Run(&env{ctx: ctx, stdout: lines, stderr: io.Discard}) }()
+	var out strings.Builder
+	for !strings.Contains(out.String(), "ready; Ctrl-C stops") {
+		select {
+		case l := <-lines:
+			out.WriteString(l)
+		case err := <-done:
+			t.Fatalf("dev ended (%v):\n%s", err, out.String())
+		case <-time.After(90 * time.Second):
+			t.Fatalf("dev never became ready:\n%s", out.String())
+		}
+	}
+	require.Contains(t, out.String(), "no Postgres answers at 127.0.0.1:1/postgres; starting a throwaway cluster")
+	require.Contains(t, out.String(), "1. payment with Idempotency-Key")
+	require.Contains(t, out.String(), "-> 201")
+	cancel()
+	require.NoError(t, <-done)
 }

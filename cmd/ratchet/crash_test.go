@@ -1,0 +1,223 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratchet-run/ratchet/internal/fakes"
+	"github.com/ratchet-run/ratchet/internal/testdb"
+)
+
+// buildCrashBinary builds the command with crash points compiled in.
+func buildCrashBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ratchet")
+	out, err := exec.Command("go", "build", "-tags", "crashpoints", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return bin
+}
+
+// service is a ratchet process seen from the test.
+type service struct {
+	cmd    *exec.Cmd
+	base   string
+	stderr *bytes.Buffer
+	exited chan struct{}
+}
+
+// startService runs bin with args and env, and waits for its API address.
+func startService(t *testing.T, bin string, env []string, args ...string) *service {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	s := &service{cmd: cmd, stderr: &bytes.Buffer{}, exited: make(chan struct{})}
+	cmd.Stderr = s.stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if rest, ok := strings.CutPrefix(sc.Text(), "ratchet API listening on "); ok {
+				addr <- strings.Fields(rest)[0]
+			}
+		}
+		_ = cmd.Wait()
+		close(s.exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-s.exited
+	})
+	select {
+	case s.base = <-addr:
+	case <-s.exited:
+		t.Fatalf("%v exited: %s", args, s.stderr)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%v did not start", args)
+	}
+	return s
+}
+
+type payResult struct {
+	status int
+	err    error
+}
+
+func postPayment(client *http.Client, base, key string) payResult {
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/workflows/payment/runs",
+		strings.NewReader(`{"amount": 1299, "currency": "usd", "customer": "cus_123", "email": "a@example.com"}`))
+	if err != nil {
+		return payResult{err: err}
+	}
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return payResult{err: err}
+	}
+	io.Copy(io.Discard, resp.Body) //nolint:errcheck
+	resp.Body.Close()
+	return payResult{status: resp.StatusCode}
+}
+
+// TestCrashMatrix kills the API process executing payments at every phase
+// boundary and in the middle of the charge, while its clients retry with
+// the same key — ten retries each, at once — against a second process. Every
+// payment must end succeeded, charged once, posted once (two ledger rows
+// summing to zero) and receipted once.
+func TestCrashMatrix(t *testing.T) {
+	t.Parallel()
+	perPoint := 20
+	if n, err := strconv.Atoi(os.Getenv("RATCHET_CRASH_PAYMENTS")); err == nil && n > 0 {
+		perPoint = n
+	}
+	bin := buildCrashBinary(t)
+	url := testdb.NewURL(t)
+
+	var midCharge atomic.Pointer[os.Process] // killed by the gateway once it has charged
+	gateway := fakes.NewGateway(&fakes.GatewayOpts{AfterCharge: func(string) {
+		if p := midCharge.Swap(nil); p != nil {
+			_ = p.Signal(syscall.SIGKILL)
+		}
+	}})
+	mail := fakes.NewMail(nil)
+	gwSrv, mailSrv := httptest.NewServer(gateway), httptest.NewServer(mail)
+	defer gwSrv.Close()
+	defer mailSrv.Close()
+	env := []string{"DATABASE_URL=" + url, "RATCHET_GATEWAY_URL=" + gwSrv.URL, "RATCHET_MAIL_URL=" + mailSrv.URL, "RATCHET_STALE_AFTER=2s"}
+
+	survivor := startService(t, bin, env, "serve", "--addr", "127.0.0.1:0")
+	client := &http.Client{Timeout: 30 * time.Second}
+	var (
+		mu          sync.Mutex
+		serverError []string
+		keys        []string
+	)
+	points := []string{"start:payment_created", "end:payment_created", "mid-charge", "end:charge_created", "end:ledger_posted"}
+	for _, point := range points {
+		victimEnv := env
+		if point != "mid-charge" {
+			victimEnv = append(victimEnv, "RATCHET_CRASH_AT="+point)
+		}
+		victim := startService(t, bin, victimEnv, "serve", "--no-worker", "--addr", "127.0.0.1:0")
+		if point == "mid-charge" {
+			midCharge.Store(victim.cmd.Process)
+		}
+		var wg sync.WaitGroup
+		for i := range perPoint {
+			key := fmt.Sprintf("crash-%s-%d", point, i)
+			keys = append(keys, key)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if r := postPayment(client, victim.base, key); r.err == nil && r.status == http.StatusCreated {
+					return // finished before the crash
+				}
+				// The storm: ten retries at once against the other process.
+				var storm sync.WaitGroup
+				for range 10 {
+					storm.Add(1)
+					go func() {
+						defer storm.Done()
+						if r := postPayment(client, survivor.base, key); r.status >= 500 {
+							mu.Lock()
+							serverError = append(serverError, fmt.Sprintf("%s: %d", key, r.status))
+							mu.Unlock()
+						}
+					}()
+				}
+				storm.Wait()
+				// Then a patient client, until the payment is final.
+				deadline := time.Now().Add(60 * time.Second)
+				for time.Now().Before(deadline) {
+					r := postPayment(client, survivor.base, key)
+					if r.status == http.StatusCreated {
+						return
+					}
+					if r.status >= 500 {
+						mu.Lock()
+						serverError = append(serverError, fmt.Sprintf("%s: %d", key, r.status))
+						mu.Unlock()
+					}
+					time.Sleep(200 * time.Millisecond)
+				}
+				mu.Lock()
+				serverError = append(serverError, key+": never finished")
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		select {
+		case <-victim.exited:
+			ws := victim.cmd.ProcessState.Sys().(syscall.WaitStatus)
+			require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "%s: the victim died of SIGKILL, not %v", point, victim.cmd.ProcessState)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the victim was never killed", point)
+		}
+	}
+	require.Empty(t, serverError)
+
+	total := len(keys)
+	require.Eventually(t, func() bool { return mail.Stats().Deliveries >= total }, 60*time.Second, 50*time.Millisecond, "receipts")
+	pool := testdb.Connect(t, url, nil)
+	ctx := context.Background()
+	var succeeded, ledgerRows, ledgerSum, paymentsWithTwoRows int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM payments.payments WHERE status = 'succeeded'`).Scan(&succeeded))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(amount), 0) FROM payments.ledger_entries`).Scan(&ledgerRows, &ledgerSum))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT payment_id FROM payments.ledger_entries GROUP BY 1 HAVING count(*) = 2) p`).Scan(&paymentsWithTwoRows))
+	var runsSucceeded int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ratchet.runs WHERE workflow = 'payment' AND status = 'succeeded'`).Scan(&runsSucceeded))
+
+	require.Equal(t, total, runsSucceeded, "every payment ends succeeded")
+	require.Equal(t, total, succeeded)
+	stats := gateway.Stats()
+	require.Equal(t, total, stats.Charges, "one charge per payment")
+	require.Len(t, stats.ChargesByKey, total)
+	require.Equal(t, 2*total, ledgerRows)
+	require.Equal(t, total, paymentsWithTwoRows, "two ledger rows per payment")
+	require.Zero(t, ledgerSum, "the ledger sums to zero")
+	m := mail.Stats()
+	require.Equal(t, total, m.Deliveries, "one receipt per payment")
+	require.Len(t, m.DeliveriesByMessageID, total)
+	t.Logf("%d payments over %d crash points: %d charges, %d ledger rows, %d receipts; gateway saw %d requests",
+		total, len(points), stats.Charges, ledgerRows, m.Deliveries, len(gateway.Requests()))
+}
