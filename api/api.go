@@ -14,6 +14,13 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ratchet-run/ratchet/engine"
 	"github.com/ratchet-run/ratchet/migrations"
 )
@@ -50,17 +57,26 @@ type Config struct {
 	// Defaults to: the database answers and its migrations are current.
 	Ready func(context.Context) error
 
+	// TracerProvider makes request spans, continuing an incoming
+	// traceparent. Defaults to OpenTelemetry's global provider.
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the API's metrics. Defaults to OpenTelemetry's
+	// global provider.
+	MeterProvider metric.MeterProvider
+
 	// Logger receives request errors. Defaults to discarding.
 	Logger *slog.Logger
 }
 
 // Handler serves the API.
 type Handler struct {
-	cfg    Config
-	engine *engine.Client
-	mux    *http.ServeMux
-	tokens []tokenHash
-	logger *slog.Logger
+	cfg       Config
+	engine    *engine.Client
+	mux       *http.ServeMux
+	root      http.Handler // mux, traced and counted
+	tokens    []tokenHash
+	logger    *slog.Logger
+	responses metric.Int64Counter
 }
 
 type tokenHash struct {
@@ -111,17 +127,63 @@ func New(cfg *Config) (*Handler, error) {
 	}
 
 	h.mux = http.NewServeMux()
-	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	route := func(pattern string, handler http.Handler) {
+		h.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			trace.SpanFromContext(r.Context()).SetName(r.Pattern) // low-cardinality span names
+			handler.ServeHTTP(w, r)
+		}))
+	}
+	route("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	h.mux.HandleFunc("GET /readyz", h.ready)
-	h.mux.Handle("POST /v1/workflows/{workflow}/runs", h.authed(h.startRun))
-	h.mux.Handle("GET /v1/runs/{id}", h.authed(h.getRun))
-	h.mux.Handle("GET /v1/runs", h.authed(h.listRuns))
-	h.mux.Handle("POST /v1/runs/{id}/cancel", h.authed(h.cancelRun))
-	h.mux.Handle("POST /v1/runs/{id}/resume", h.authed(h.resumeRun))
+	}))
+	route("GET /readyz", http.HandlerFunc(h.ready))
+	route("POST /v1/workflows/{workflow}/runs", h.authed(h.startRun))
+	route("GET /v1/runs/{id}", h.authed(h.getRun))
+	route("GET /v1/runs", h.authed(h.listRuns))
+	route("POST /v1/runs/{id}/cancel", h.authed(h.cancelRun))
+	route("POST /v1/runs/{id}/resume", h.authed(h.resumeRun))
+
+	mp := c.MeterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	var err error
+	h.responses, err = mp.Meter(instrumentation).Int64Counter("ratchet.api.responses",
+		metric.WithDescription("API responses by status (409: in progress or conflict; 422: key reused)."), metric.WithUnit("{response}"))
+	if err != nil {
+		return nil, fmt.Errorf("api: metrics: %w", err)
+	}
+	otelOpts := []otelhttp.Option{
+		otelhttp.WithPropagators(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})),
+		otelhttp.WithMeterProvider(mp),
+	}
+	if c.TracerProvider != nil {
+		otelOpts = append(otelOpts, otelhttp.WithTracerProvider(c.TracerProvider))
+	}
+	h.root = otelhttp.NewHandler(http.HandlerFunc(h.count), "ratchet.api", otelOpts...)
 	return h, nil
 }
+
+const instrumentation = "github.com/ratchet-run/ratchet/api"
+
+// count serves a request and counts its response's status.
+func (h *Handler) count(w http.ResponseWriter, r *http.Request) {
+	sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+	h.mux.ServeHTTP(sw, r)
+	h.responses.Add(r.Context(), 1, metric.WithAttributes(attribute.Int("http.response.status_code", sw.status)))
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(status int) {
+	w.status = status
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() {
@@ -133,7 +195,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeProblem(w, problem{Status: http.StatusInternalServerError, Code: codeInternal, Title: "Internal error"})
 		}
 	}()
-	h.mux.ServeHTTP(w, r)
+	h.root.ServeHTTP(w, r)
 }
 
 // authed resolves the request's tenant from its bearer token (compared in
@@ -221,7 +283,9 @@ func (h *Handler) startRun(w http.ResponseWriter, r *http.Request, tenant string
 	}
 
 	res, err := h.engine.Claim(r.Context(), engine.StartParams{
-		Workflow: workflow, IdempotencyKey: key, Input: body, Tenant: tenant, Traceparent: r.Header.Get("Traceparent"),
+		// The run's traceparent is the request span's (the engine reads it
+		// from the context), so resumed executions link to this request.
+		Workflow: workflow, IdempotencyKey: key, Input: body, Tenant: tenant,
 	})
 	if err != nil {
 		h.fail(w, r, err)

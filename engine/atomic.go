@@ -31,7 +31,7 @@ func Atomic[T any](ctx context.Context, name string, fn func(ctx context.Context
 	if err != nil {
 		return zero, err
 	}
-	ctx, end := ex.c.cfg.Hooks.Phase(ctx, ex.phaseInfo(name, KindAtomic, seq, memo != nil, ""))
+	ctx, end := ex.c.hooks.Phase(ctx, ex.phaseInfo(name, KindAtomic, seq, memo != nil, ""))
 	out, err := func() (T, error) {
 		defer ex.leave()
 		if memo != nil {

@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oklog/ulid/v2"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ratchet-run/ratchet/steps"
 )
@@ -61,9 +63,16 @@ type Config struct {
 	// runs are resumed only by calls to Resume.
 	Scheduler Scheduler
 
-	// Hooks observe run and phase boundaries, e.g. for tracing. Defaults to
-	// none.
+	// Hooks observe run and phase boundaries, after the engine's own
+	// OpenTelemetry spans. Defaults to none.
 	Hooks Hooks
+
+	// TracerProvider makes the run and phase spans. Defaults to
+	// OpenTelemetry's global provider (a no-op until one is installed).
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the engine's metrics. Defaults to OpenTelemetry's
+	// global provider.
+	MeterProvider metric.MeterProvider
 
 	// Logger receives the engine's logs. Defaults to discarding them.
 	Logger *slog.Logger
@@ -88,9 +97,6 @@ func (c *Config) WithDefaults() *Config {
 	out.StepPolicy = out.StepPolicy.WithDefaults()
 	if out.StepTimeout == 0 {
 		out.StepTimeout = 30 * time.Second
-	}
-	if out.Hooks == nil {
-		out.Hooks = noHooks{}
 	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -136,6 +142,8 @@ type Client struct {
 	logger    *slog.Logger
 	// beginPhase opens an atomic phase's transaction (see NewClient).
 	beginPhase string
+	tel        *telemetry
+	hooks      Hooks // the telemetry's, then Config.Hooks
 
 	mu          sync.Mutex
 	active      int                     // Start and Resume calls in progress
@@ -158,8 +166,17 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	tel, err := newTelemetry(cfg.TracerProvider, cfg.MeterProvider)
+	if err != nil {
+		return nil, fmt.Errorf("engine: telemetry: %w", err)
+	}
+	var hooks Hooks = tel
+	if cfg.Hooks != nil {
+		hooks = hookChain{tel, cfg.Hooks}
+	}
 	return &Client{
 		pool: pool, cfg: cfg, workflows: cfg.Workflows, logger: cfg.Logger, executions: map[*execution]struct{}{},
+		tel: tel, hooks: hooks,
 		// An executor paused inside a phase's transaction (a "zombie") may
 		// hold the run's row lock, and a takeover would wait on it for as
 		// long as the pause lasts. Postgres ends a session idle in a

@@ -8,6 +8,8 @@ import (
 	"runtime/debug"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
 )
 
 type executionKey struct{}
@@ -61,7 +63,7 @@ func (c *Client) execute(ctx context.Context, def definition, run *Run, journal 
 	if run.Traceparent != nil {
 		traceparent = *run.Traceparent
 	}
-	ctx, end := c.cfg.Hooks.Run(ctx, RunInfo{
+	ctx, end := c.hooks.Run(ctx, RunInfo{
 		RunID: run.ID, Tenant: run.Tenant, Workflow: run.Workflow, Version: run.WorkflowVersion,
 		Attempt: run.Attempt, LeaseToken: run.LeaseToken, RecoveryPoint: run.RecoveryPoint,
 		Traceparent: traceparent, Resumed: len(journal) > 0,
@@ -169,6 +171,7 @@ func (c *Client) finish(ctx context.Context, ex *execution, status Status, outpu
 	if !ok {
 		return nil, ex.leaseLost(ctx)
 	}
+	c.tel.runsFinished.Add(ctx, 1, metric.WithAttributes(attrWorkflow.String(run.Workflow), attrStatus.String(string(status))))
 	return run, nil
 }
 
@@ -207,6 +210,7 @@ func (c *Client) retryLater(ctx context.Context, ex *execution, runErr *RunError
 // execution and returns the error to report.
 func (ex *execution) leaseLost(ctx context.Context) error {
 	ex.lose(ErrLeaseLost)
+	ex.c.tel.fencing.Add(ctx, 1, metric.WithAttributes(attrWorkflow.String(ex.run.Workflow)))
 	ex.c.logger.WarnContext(ctx, "execution superseded: another executor took over the run",
 		slog.String("run_id", ex.run.ID), slog.Int64("lease_token", ex.run.LeaseToken))
 	return fmt.Errorf("engine: run %s: %w", ex.run.ID, ErrLeaseLost)

@@ -53,13 +53,3 @@ type PhaseInfo struct {
 	// ChildKey is the derived idempotency key of an external step.
 	ChildKey string
 }
-
-type noHooks struct{}
-
-func (noHooks) Run(ctx context.Context, _ RunInfo) (context.Context, func(RunEnd)) {
-	return ctx, func(RunEnd) {}
-}
-
-func (noHooks) Phase(ctx context.Context, _ PhaseInfo) (context.Context, func(error)) {
-	return ctx, func(error) {}
-}

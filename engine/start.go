@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/oklog/ulid/v2"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // StartParams describe a request to start a workflow.
@@ -143,6 +144,9 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 	if p.Tenant == "" {
 		p.Tenant = DefaultTenant
 	}
+	if p.Traceparent == "" {
+		p.Traceparent = traceparentOf(ctx)
+	}
 	input, err := canonicalJSON(p.Input)
 	if err != nil {
 		return nil, fmt.Errorf("%w for workflow %q: %v", ErrInvalidInput, def.Name(), err)
@@ -164,6 +168,7 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 			return nil, err
 		}
 		if created {
+			c.tel.runsStarted.Add(ctx, 1, metric.WithAttributes(attrWorkflow.String(def.Name())))
 			res := &StartResult{Outcome: OutcomeCreated, Run: run}
 			if !execute {
 				return res, nil
@@ -181,7 +186,11 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 		if err != nil {
 			return nil, err
 		}
-		return existingOutcome(existing, fp)
+		res, err := existingOutcome(existing, fp)
+		if err == nil {
+			c.tel.replays.Add(ctx, 1, metric.WithAttributes(attrWorkflow.String(def.Name()), attrOutcome.String(res.Outcome.String())))
+		}
+		return res, err
 	}
 	return nil, fmt.Errorf("engine: key %q kept disappearing while being claimed", p.IdempotencyKey)
 }
@@ -294,6 +303,9 @@ func (c *Client) Resume(ctx context.Context, runID string) (*Run, error) {
 		// The lease expired between the two statements; a competing
 		// claimant is as likely as not. Report it held rather than race.
 		return nil, &LeaseHeldError{RunID: runID}
+	}
+	if run.LeaseToken > 1 {
+		c.tel.takeovers.Add(ctx, 1, metric.WithAttributes(attrWorkflow.String(run.Workflow)))
 	}
 	def, err := c.workflows.lookup(run.Workflow)
 	if err != nil {

@@ -48,7 +48,7 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context, 
 		return zero, err
 	}
 	key := steps.ChildKey(ex.run.Tenant, ex.run.ID, name)
-	ctx, end := ex.c.cfg.Hooks.Phase(ctx, ex.phaseInfo(name, KindStep, seq, memo != nil, string(key)))
+	ctx, end := ex.c.hooks.Phase(ctx, ex.phaseInfo(name, KindStep, seq, memo != nil, string(key)))
 	out, err := func() (T, error) {
 		defer ex.leave()
 		if memo != nil {

@@ -183,7 +183,7 @@ func helperMain() error {
 		return err
 	}
 	start := func(key string) {
-		res, err := w.Engine().Start(ctx, engine.StartParams{Workflow: "order", IdempotencyKey: key, Input: orderInput(key)})
+		res, err := w.Engine().Start(ctx, engine.StartParams{Workflow: "order", IdempotencyKey: key, Input: orderInput(key), Traceparent: os.Getenv("TRACEPARENT")})
 		switch {
 		case err != nil:
 			out(fmt.Sprintf("DONE %s error: %v", key, err))

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
+	"github.com/riverqueue/rivercontrib/otelriver"
 
 	"github.com/ratchet-run/ratchet/engine"
 	"github.com/ratchet-run/ratchet/migrations"
@@ -178,6 +180,15 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		FetchPollInterval:    cfg.FetchPollInterval,
 		FetchCooldown:        min(river.FetchCooldownDefault, cfg.FetchPollInterval),
 		RescueStuckJobsAfter: cmpOr(cfg.RescueStuckJobsAfter, cfg.ExecutionTimeout+time.Minute),
+		// Spans and metrics for every job, and trace context carried from
+		// the inserting transaction's span to the job's work span (as a
+		// link): a resumed run's spans lead back to its claim.
+		Middleware: []rivertype.Middleware{otelriver.NewMiddleware(&otelriver.MiddlewareConfig{
+			EnableTracePropagation:      true,
+			EnableWorkSpanJobKindSuffix: true,
+			TracerProvider:              cfg.Engine.TracerProvider,
+			MeterProvider:               cfg.Engine.MeterProvider,
+		})},
 	}
 	// Jobs that set no timeout of their own get a minute; River insists on
 	// rescuing no sooner than that.
