@@ -18,6 +18,7 @@ import (
 	"github.com/ratchet-run/ratchet/api"
 	"github.com/ratchet-run/ratchet/internal/fakes"
 	"github.com/ratchet-run/ratchet/internal/pgboot"
+	"github.com/ratchet-run/ratchet/internal/telemetry"
 	"github.com/ratchet-run/ratchet/migrations"
 )
 
@@ -26,6 +27,7 @@ type devCmd struct {
 	Addr        string        `name:"addr" env:"RATCHET_ADDR" default:"127.0.0.1:8080" help:"Address the API listens on (env RATCHET_ADDR)."`
 	StaleAfter  time.Duration `name:"stale-after" env:"RATCHET_STALE_AFTER" default:"5s" help:"Lease length (env RATCHET_STALE_AFTER)."`
 	Demo        bool          `name:"demo" default:"true" negatable:"" help:"Make a payment, replay it, reuse its key wrongly and decline a card through the API, and print what happened."`
+	TraceStdout bool          `name:"trace-stdout" help:"Print every span (runs, phases, requests, jobs) to stdout as JSON, besides any OTEL_* exporter."`
 
 	// probeURL is where dev looks for a running Postgres when no
 	// DATABASE_URL is set; tests point it at a port where none answers.
@@ -68,7 +70,16 @@ func (c *devCmd) Run(e *env) error {
 	go serve(ctx, gwLn, gateway) //nolint:errcheck // ends with ctx
 	go serve(ctx, mailLn, mail)  //nolint:errcheck // ends with ctx
 
-	logger := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	topts := &telemetry.Options{}
+	if c.TraceStdout {
+		topts.TraceOut = e.stdout
+	}
+	shutdown, err := telemetry.Setup(ctx, topts)
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	defer shutdown(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
+	logger := newLogger(e.stderr, slog.LevelWarn)
 	a, err := newApp(pool, appFlags{StaleAfter: c.StaleAfter, GatewayURL: "http://" + gwLn.Addr().String(), MailURL: "http://" + mailLn.Addr().String()}, true, logger)
 	if err != nil {
 		return err

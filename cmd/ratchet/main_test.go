@@ -196,3 +196,12 @@ func TestDevStartsAThrowawayPostgresWhenNoneAnswers(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 }
+
+func TestDevPrintsSpansWithTraceStdout(t *testing.T) {
+	t.Parallel()
+	out, code := runUntil(t, "ready; Ctrl-C stops", "dev", "--database-url", testdb.NewURL(t), "--addr", "127.0.0.1:0", "--trace-stdout")
+	require.Equal(t, 0, code)
+	for _, span := range []string{"ratchet.run payment", "ratchet.phase payment_created", "ratchet.phase charge_created", "ratchet.phase ledger_posted", "POST /v1/workflows/{workflow}/runs"} {
+		require.Contains(t, out, `"Name":"`+span+`"`)
+	}
+}

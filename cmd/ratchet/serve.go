@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 
 	"github.com/ratchet-run/ratchet/api"
+	"github.com/ratchet-run/ratchet/internal/telemetry"
 	"github.com/ratchet-run/ratchet/migrations"
 )
 
@@ -30,8 +33,12 @@ func (c *serveCmd) Run(e *env) error {
 	if err := setUp(e.ctx, pool); err != nil {
 		return err
 	}
-	logger := slog.New(slog.NewJSONHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	a, err := newApp(pool, c.appFlags, c.Worker, logger)
+	shutdown, err := telemetry.Setup(e.ctx, nil)
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	defer shutdown(context.WithoutCancel(e.ctx)) //nolint:errcheck // best effort at exit
+	a, err := newApp(pool, c.appFlags, c.Worker, newLogger(e.stderr, slog.LevelInfo))
 	if err != nil {
 		return err
 	}
@@ -80,8 +87,12 @@ func (c *workerCmd) Run(e *env) error {
 	if err := setUp(e.ctx, pool); err != nil {
 		return err
 	}
-	logger := slog.New(slog.NewJSONHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	a, err := newApp(pool, c.appFlags, true, logger)
+	shutdown, err := telemetry.Setup(e.ctx, nil)
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	defer shutdown(context.WithoutCancel(e.ctx)) //nolint:errcheck // best effort at exit
+	a, err := newApp(pool, c.appFlags, true, newLogger(e.stderr, slog.LevelInfo))
 	if err != nil {
 		return err
 	}
@@ -92,4 +103,9 @@ func (c *workerCmd) Run(e *env) error {
 	<-e.ctx.Done()
 	fmt.Fprintln(e.stdout, "shutting down")
 	return stopApp(a, nil)
+}
+
+// newLogger logs JSON at level to w, with the trace of each record.
+func newLogger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(telemetry.LogHandler(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})))
 }
