@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/ratchet-run/ratchet/engine"
 	"github.com/ratchet-run/ratchet/internal/testdb"
@@ -93,14 +95,17 @@ func drive(b *testing.B, op func(ctx context.Context, i int) error) float64 {
 //
 //	go test -run '^$' -bench Phases -benchtime 5000x ./engine/
 func BenchmarkPhases(b *testing.B) {
-	b.Run("workflow=noop3", func(b *testing.B) { benchNoop3(b, false) })
-	b.Run("workflow=noop3,scheduled", func(b *testing.B) { benchNoop3(b, true) })
+	b.Run("workflow=noop3", func(b *testing.B) { benchNoop3(b, false, false) })
+	b.Run("workflow=noop3,traced", func(b *testing.B) { benchNoop3(b, false, true) })
+	b.Run("workflow=noop3,scheduled", func(b *testing.B) { benchNoop3(b, true, false) })
 	b.Run("bare=insert+update", benchBare)
 }
 
 // benchNoop3 runs the no-op three-phase workflow; scheduled adds what a
-// process with a worker pays: the River look inserted with each claim.
-func benchNoop3(b *testing.B, scheduled bool) {
+// process with a worker pays: the River look inserted with each claim;
+// traced records every span and metric with the SDK (exporting nowhere),
+// against the default no-op instrumentation.
+func benchNoop3(b *testing.B, scheduled, traced bool) {
 	counter := &statementCounter{}
 	pool := benchPool(b, counter)
 	workflows := engine.NewWorkflows()
@@ -114,13 +119,18 @@ func benchNoop3(b *testing.B, scheduled bool) {
 		return struct{}{}, nil
 	}, nil)
 	require.NoError(b, err)
+	cfg := engine.Config{Workflows: workflows}
+	if traced {
+		cfg.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
+		cfg.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	}
 	var c *engine.Client
 	if scheduled {
-		w, err := worker.New(pool, &worker.Config{InsertOnly: true, Engine: engine.Config{Workflows: workflows}})
+		w, err := worker.New(pool, &worker.Config{InsertOnly: true, Engine: cfg})
 		require.NoError(b, err)
 		c = w.Engine()
 	} else {
-		c, err = engine.NewClient(pool, &engine.Config{Workflows: workflows})
+		c, err = engine.NewClient(pool, &cfg)
 		require.NoError(b, err)
 	}
 
