@@ -22,26 +22,11 @@ type serveCmd struct {
 }
 
 func (c *serveCmd) Run(e *env) error {
-	pool, err := c.connect(e.ctx)
+	a, closeApp, err := openApp(e, c.dbFlags, c.appFlags, c.Worker)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if err := migrations.Check(e.ctx, pool); err != nil {
-		return fmt.Errorf("%v: run `ratchet migrate` first", err)
-	}
-	if err := setUp(e.ctx, pool); err != nil {
-		return err
-	}
-	shutdown, err := telemetry.Setup(e.ctx, nil)
-	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-	defer shutdown(context.WithoutCancel(e.ctx)) //nolint:errcheck // best effort at exit
-	a, err := newApp(pool, c.appFlags, c.Worker, newLogger(e.stderr, slog.LevelInfo))
-	if err != nil {
-		return err
-	}
+	defer closeApp()
 	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {
 		return fmt.Errorf("API cannot listen on %s: %s", c.Addr, reason(err))
@@ -76,26 +61,11 @@ type workerCmd struct {
 }
 
 func (c *workerCmd) Run(e *env) error {
-	pool, err := c.connect(e.ctx)
+	a, closeApp, err := openApp(e, c.dbFlags, c.appFlags, true)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if err := migrations.Check(e.ctx, pool); err != nil {
-		return fmt.Errorf("%v: run `ratchet migrate` first", err)
-	}
-	if err := setUp(e.ctx, pool); err != nil {
-		return err
-	}
-	shutdown, err := telemetry.Setup(e.ctx, nil)
-	if err != nil {
-		return fmt.Errorf("telemetry: %w", err)
-	}
-	defer shutdown(context.WithoutCancel(e.ctx)) //nolint:errcheck // best effort at exit
-	a, err := newApp(pool, c.appFlags, true, newLogger(e.stderr, slog.LevelInfo))
-	if err != nil {
-		return err
-	}
+	defer closeApp()
 	if err := a.worker.Start(e.ctx); err != nil {
 		return err
 	}
@@ -108,4 +78,35 @@ func (c *workerCmd) Run(e *env) error {
 // newLogger logs JSON at level to w, with the trace of each record.
 func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 	return slog.New(telemetry.LogHandler(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})))
+}
+
+// openApp connects to a migrated database, sets the example tables and
+// telemetry up, and wires the service. closeApp releases what it opened.
+func openApp(e *env, db dbFlags, f appFlags, work bool) (a *app, closeApp func(), err error) {
+	pool, err := db.connect(e.ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := migrations.Check(e.ctx, pool); err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("%v: run `ratchet migrate` first", err)
+	}
+	if err := setUp(e.ctx, pool); err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	shutdown, err := telemetry.Setup(e.ctx, nil)
+	if err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("telemetry: %w", err)
+	}
+	closeApp = func() {
+		_ = shutdown(context.WithoutCancel(e.ctx)) // best effort at exit
+		pool.Close()
+	}
+	if a, err = newApp(pool, f, work, newLogger(e.stderr, slog.LevelInfo)); err != nil {
+		closeApp()
+		return nil, nil, err
+	}
+	return a, closeApp, nil
 }
