@@ -71,8 +71,8 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.Header.Set(HeaderIdempotencyKey, string(key))
 	}
 	var wrote atomic.Bool
-	trace := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) }}
-	req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+	watch := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) }}
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), watch))
 	resp, err := t.next.RoundTrip(req)
 	if err != nil && wrote.Load() {
 		return nil, &IndeterminateError{Err: err}
