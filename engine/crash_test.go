@@ -1,13 +1,10 @@
 package engine_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"syscall"
 	"testing"
 	"time"
@@ -17,23 +14,13 @@ import (
 
 	"github.com/ratchet-run/ratchet/engine"
 	"github.com/ratchet-run/ratchet/internal/fakes"
+	"github.com/ratchet-run/ratchet/internal/testproc"
 	"github.com/ratchet-run/ratchet/steps"
 )
 
 // Crash tests re-run this test binary as a separate process that executes
 // a workflow, and kill it with SIGKILL at a chosen moment.
-const helperEnv = "RATCHET_ENGINE_TEST_HELPER"
-
-func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) != "" {
-		if err := helperMain(); err != nil {
-			fmt.Fprintln(os.Stderr, "helper:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testproc.Main(m, helperMain) }
 
 // helperMain starts a payment and executes it inline, as a service would;
 // the parent kills it part-way.
@@ -72,19 +59,13 @@ func TestKilledAfterChargeBeforeCommitRepeatsCallWithSameKey(t *testing.T) {
 	defer srv.Close()
 	defer close(release)
 
-	var stderr bytes.Buffer
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=1", "DATABASE_URL="+b.url, "GATEWAY_URL="+srv.URL, "RATCHET_KEY=pay-1")
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
+	victim := testproc.Start(t, "", "DATABASE_URL="+b.url, "GATEWAY_URL="+srv.URL, "RATCHET_KEY=pay-1")
 	key := receive(t, charged)
 
 	// The gateway has charged; the process has not committed the phase.
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	err := cmd.Wait()
-	var exit *exec.ExitError
-	require.ErrorAs(t, err, &exit, "stderr: %s", stderr.String())
-	require.Equal(t, syscall.SIGKILL, exit.Sys().(syscall.WaitStatus).Signal())
+	victim.Signal(syscall.SIGKILL)
+	victim.Wait()
+	require.True(t, victim.Killed())
 
 	runID := b.runIDForKey(t, "pay-1")
 	require.Equal(t, string(steps.ChildKey(engine.DefaultTenant, runID, "charge_created")), key)
@@ -93,7 +74,10 @@ func TestKilledAfterChargeBeforeCommitRepeatsCallWithSameKey(t *testing.T) {
 	workflows := engine.NewWorkflows()
 	registerPay(t, workflows, srv.URL, nil)
 	survivor := b.client(t, workflows, nil)
-	var run *engine.Run
+	var (
+		run *engine.Run
+		err error
+	)
 	require.Eventually(t, func() bool {
 		run, err = survivor.Resume(context.Background(), runID)
 		return !errors.Is(err, engine.ErrLeaseHeld)

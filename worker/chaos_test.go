@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratchet-run/ratchet/engine"
 	"github.com/ratchet-run/ratchet/internal/fakes"
+	"github.com/ratchet-run/ratchet/internal/testproc"
 	"github.com/ratchet-run/ratchet/worker"
 )
 
@@ -50,7 +51,7 @@ func TestChaosWorkersKilledAndRestarted(t *testing.T) {
 		return nil
 	}))
 
-	procs := []*proc{startProc(t, env...), startProc(t, env...), startProc(t, env...)}
+	procs := []*testproc.Proc{startProc(t, env...), startProc(t, env...), startProc(t, env...)}
 	kills := 0
 	done := make(chan error, 1)
 	go func() {
@@ -68,8 +69,8 @@ loop:
 		case <-next:
 			next = time.After(2 * time.Second)
 			i := rand.IntN(len(procs))
-			procs[i].signal(syscall.SIGKILL)
-			procs[i].wait()
+			procs[i].Signal(syscall.SIGKILL)
+			procs[i].Wait()
 			kills++
 			procs[i] = startProc(t, env...)
 		}

@@ -2,14 +2,11 @@ package worker_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strings"
 	"sync"
@@ -22,6 +19,7 @@ import (
 
 	"github.com/ratchet-run/ratchet/engine"
 	"github.com/ratchet-run/ratchet/internal/fakes"
+	"github.com/ratchet-run/ratchet/internal/testproc"
 	"github.com/ratchet-run/ratchet/steps"
 	"github.com/ratchet-run/ratchet/worker"
 )
@@ -32,17 +30,12 @@ import (
 //
 //	out: READY | AT <point> <key> | DONE <key> <status or error> | STOPPED
 //	in:  go (release one paused point) | start <key>
-const helperEnv = "RATCHET_WORKER_TEST_HELPER"
+func TestMain(m *testing.M) { testproc.Main(m, helperMain) }
 
-func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) != "" {
-		if err := helperMain(); err != nil {
-			fmt.Fprintln(os.Stderr, "helper:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	os.Exit(m.Run())
+// startProc starts a helper process with env added and waits for READY.
+func startProc(t *testing.T, env ...string) *testproc.Proc {
+	t.Helper()
+	return testproc.Start(t, "READY", env...)
 }
 
 // order is the input of the three-phase test workflow.
@@ -217,168 +210,4 @@ func helperMain() error {
 	}
 	out("STOPPED")
 	return nil
-}
-
-// proc is a helper process seen from the test.
-type proc struct {
-	t      *testing.T
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	lines  chan string
-	stderr *syncBuffer
-	exited chan struct{}
-	err    error
-
-	mu  sync.Mutex
-	all []string // every line printed so far
-}
-
-// printed returns the first line printed so far that starts with prefix.
-func (p *proc) printed(prefix string) (string, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, l := range p.all {
-		if strings.HasPrefix(l, prefix) {
-			return l, true
-		}
-	}
-	return "", false
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// startProc starts a helper process with env added and waits for READY.
-func startProc(t *testing.T, env ...string) *proc {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), helperEnv+"=1"), env...)
-	p := &proc{t: t, cmd: cmd, lines: make(chan string, 100), stderr: &syncBuffer{}, exited: make(chan struct{})}
-	cmd.Stderr = p.stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.stdin, err = cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.all = append(p.all, sc.Text())
-			p.mu.Unlock()
-			p.lines <- sc.Text()
-		}
-		p.err = cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			_ = cmd.Process.Kill()
-			<-p.exited
-		}
-		if t.Failed() {
-			t.Logf("stderr of process %d:\n%s", cmd.Process.Pid, tail(p.stderr.String(), 4000))
-		}
-	})
-	p.expect("READY")
-	return p
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "..." + s[len(s)-n:]
-	}
-	return s
-}
-
-// expect waits for a line starting with prefix and returns it, skipping
-// other lines.
-func (p *proc) expect(prefix string) string {
-	p.t.Helper()
-	timeout := time.After(60 * time.Second)
-	for {
-		select {
-		case line := <-p.lines:
-			if strings.HasPrefix(line, prefix) {
-				return line
-			}
-		case <-p.exited:
-			// Every line was queued before exited closed.
-			for {
-				select {
-				case line := <-p.lines:
-					if strings.HasPrefix(line, prefix) {
-						return line
-					}
-					continue
-				default:
-				}
-				break
-			}
-			p.t.Fatalf("process %d exited (%v) waiting for %q; stderr:\n%s", p.cmd.Process.Pid, p.err, prefix, tail(p.stderr.String(), 4000))
-		case <-timeout:
-			p.t.Fatalf("process %d: timed out waiting for %q", p.cmd.Process.Pid, prefix)
-		}
-	}
-}
-
-// awaitLog waits until the process has logged a line containing s. Its
-// stderr is copied asynchronously, so a log line written before a stdout
-// line may arrive after it.
-func (p *proc) awaitLog(s string) {
-	p.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(p.stderr.String(), s) {
-		if time.Now().After(deadline) {
-			p.t.Fatalf("process %d never logged %q; stderr:\n%s", p.cmd.Process.Pid, s, tail(p.stderr.String(), 4000))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func (p *proc) send(line string) {
-	p.t.Helper()
-	if _, err := io.WriteString(p.stdin, line+"\n"); err != nil {
-		p.t.Fatal(err)
-	}
-}
-
-func (p *proc) signal(sig syscall.Signal) {
-	p.t.Helper()
-	if err := p.cmd.Process.Signal(sig); err != nil {
-		p.t.Fatal(err)
-	}
-}
-
-// wait waits for the process to exit.
-func (p *proc) wait() error {
-	p.t.Helper()
-	select {
-	case <-p.exited:
-		return p.err
-	case <-time.After(60 * time.Second):
-		p.t.Fatalf("process %d did not exit", p.cmd.Process.Pid)
-		return nil
-	}
 }

@@ -47,12 +47,12 @@ func TestKilledAtEveryPhaseBoundaryRunsFinishWithinStaleAfter(t *testing.T) {
 				// The executing process serves a request inline, as an API
 				// process does; it works no jobs.
 				victim := startProc(t, b.env("STALE_AFTER="+staleAfter.String(), "INSERT_ONLY=1", "PAUSE_AT="+point, "RUN_KEY="+key)...)
-				victim.expect("AT " + point)
-				victim.signal(syscall.SIGKILL)
+				victim.Expect("AT " + point)
+				victim.Signal(syscall.SIGKILL)
 				mu.Lock()
 				killedAt[key] = time.Now()
 				mu.Unlock()
-				victim.wait()
+				victim.Wait()
 			}()
 		}
 		wg.Wait()
@@ -77,24 +77,24 @@ func TestZombieResumedAfterSIGSTOPIsFencedAndKeepsServing(t *testing.T) {
 	const staleAfter = time.Second
 	startProc(t, b.env("STALE_AFTER="+staleAfter.String())...)
 	zombie := startProc(t, b.env("STALE_AFTER="+staleAfter.String(), "INSERT_ONLY=1", "PAUSE_AT=posted.before-commit", "RUN_KEY=z1")...)
-	zombie.expect("AT posted.before-commit z1")
+	zombie.Expect("AT posted.before-commit z1")
 
-	zombie.signal(syscall.SIGSTOP)
+	zombie.Signal(syscall.SIGSTOP)
 	stopped := time.Now()
 	b.awaitFinished(t, 30*time.Second, "z1")
 	require.GreaterOrEqual(t, time.Since(stopped), staleAfter/2, "taken over only once the lease went stale")
-	zombie.signal(syscall.SIGCONT)
+	zombie.Signal(syscall.SIGCONT)
 
-	zombie.send("go") // its next commit
-	done := zombie.expect("DONE z1")
+	zombie.Send("go") // its next commit
+	done := zombie.Expect("DONE z1")
 	require.Contains(t, done, "lease lost")
-	zombie.awaitLog("superseded")
+	zombie.AwaitLog("superseded")
 	b.requireExactlyOnce(t, "z1")
 
-	zombie.send("start z2")
-	zombie.expect("AT posted.before-commit z2")
-	zombie.send("go")
-	require.Equal(t, "DONE z2 succeeded", zombie.expect("DONE z2"), "the superseded process keeps serving")
+	zombie.Send("start z2")
+	zombie.Expect("AT posted.before-commit z2")
+	zombie.Send("go")
+	require.Equal(t, "DONE z2 succeeded", zombie.Expect("DONE z2"), "the superseded process keeps serving")
 	b.requireExactlyOnce(t, "z2")
 }
 
@@ -104,19 +104,19 @@ func TestSIGTERMHandsRunOverWellBeforeStaleAfter(t *testing.T) {
 	const staleAfter = 20 * time.Second
 	startProc(t, b.env("STALE_AFTER="+staleAfter.String())...)
 	leaving := startProc(t, b.env("STALE_AFTER="+staleAfter.String(), "PAUSE_AT=charged.after-commit", "RUN_KEY=t1", "GRACE=200ms")...)
-	leaving.expect("AT charged.after-commit t1")
+	leaving.Expect("AT charged.after-commit t1")
 
-	leaving.signal(syscall.SIGTERM)
+	leaving.Signal(syscall.SIGTERM)
 	termAt := time.Now()
-	require.NoError(t, leaving.wait(), "a graceful stop exits 0")
-	done, _ := leaving.printed("DONE t1")
+	require.NoError(t, leaving.Wait(), "a graceful stop exits 0")
+	done, _ := leaving.Printed("DONE t1")
 	require.Contains(t, done, "shutting down", "its execution was handed over")
-	_, stopped := leaving.printed("STOPPED")
+	_, stopped := leaving.Printed("STOPPED")
 	require.True(t, stopped)
 
 	finished := b.awaitFinished(t, 30*time.Second, "t1")
 	took := finished["t1"].Sub(termAt)
 	require.Less(t, took, 3*time.Second, "continued at once, not after stale_after (%s)", staleAfter)
 	b.requireExactlyOnce(t, "t1")
-	leaving.awaitLog("handed run over")
+	leaving.AwaitLog("handed run over")
 }

@@ -21,9 +21,9 @@ func TestResumedRunInAnotherProcessLinksToTheRequestTrace(t *testing.T) {
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 	victim := startProc(t, b.env("STALE_AFTER=1s", "INSERT_ONLY=1", "PAUSE_AT=charged.after-commit", "RUN_KEY=traced",
 		"TRACEPARENT=00-"+traceID+"-00f067aa0ba902b7-01")...)
-	victim.expect("AT charged.after-commit traced")
-	victim.signal(syscall.SIGKILL)
-	victim.wait()
+	victim.Expect("AT charged.after-commit traced")
+	victim.Signal(syscall.SIGKILL)
+	victim.Wait()
 
 	spans := tracetest.NewSpanRecorder()
 	workflows := engine.NewWorkflows()

@@ -1,13 +1,11 @@
 package payments_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -21,30 +19,29 @@ import (
 	"github.com/ratchet-run/ratchet/examples/payments"
 	"github.com/ratchet-run/ratchet/internal/fakes"
 	"github.com/ratchet-run/ratchet/internal/testdb"
+	"github.com/ratchet-run/ratchet/internal/testproc"
 	"github.com/ratchet-run/ratchet/worker"
 )
 
-const helperEnv = "RATCHET_PAYMENTS_TEST_HELPER"
+func TestMain(m *testing.M) { testproc.Main(m, deliverReceipts) }
 
-func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) != "" {
-		// A receipt delivery process: works the receipts queue until killed.
-		ctx := context.Background()
-		pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-		if err == nil {
-			var w *worker.Worker
-			if w, err = newWorker(pool, os.Getenv("GATEWAY_URL"), os.Getenv("MAIL_URL"), 0); err == nil {
-				err = w.Start(ctx)
-			}
-		}
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "helper:", err)
-			os.Exit(1)
-		}
-		fmt.Println("READY")
-		select {}
+// deliverReceipts is a receipt delivery process: it works the receipts
+// queue until killed.
+func deliverReceipts() error {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		return err
 	}
-	os.Exit(m.Run())
+	w, err := newWorker(pool, os.Getenv("GATEWAY_URL"), os.Getenv("MAIL_URL"), 0)
+	if err != nil {
+		return err
+	}
+	if err := w.Start(ctx); err != nil {
+		return err
+	}
+	fmt.Println("READY")
+	select {}
 }
 
 type testBundle struct {
@@ -209,14 +206,7 @@ func TestReceiptResentWithSameMessageIDAfterKillBetweenSendAndRecord(t *testing.
 	run := pay(t, b.inlineClient(t), "order-1", card)
 	require.Equal(t, engine.StatusSucceeded, run.Status)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=1", "DATABASE_URL="+b.url, "GATEWAY_URL="+b.gwURL, "MAIL_URL="+b.mailURL)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	sc := bufio.NewScanner(stdout)
-	require.True(t, sc.Scan())
-	require.Equal(t, "READY", sc.Text())
+	deliverer := testproc.Start(t, "READY", "DATABASE_URL="+b.url, "GATEWAY_URL="+b.gwURL, "MAIL_URL="+b.mailURL)
 
 	var first string
 	select {
@@ -224,8 +214,8 @@ func TestReceiptResentWithSameMessageIDAfterKillBetweenSendAndRecord(t *testing.
 	case <-time.After(30 * time.Second):
 		t.Fatal("the receipt was never sent")
 	}
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	_ = cmd.Wait()
+	deliverer.Signal(syscall.SIGKILL)
+	deliverer.Wait()
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM payments.receipts`), "the delivery was never recorded")
 
 	// Another process rescues the job once it counts as stuck.
