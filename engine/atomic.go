@@ -3,11 +3,14 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ratchet-run/ratchet/steps"
 )
 
 // Atomic runs fn as the phase called name, inside a transaction that also
@@ -22,6 +25,16 @@ import (
 // Phases of one run are called one after another, never concurrently, and
 // in the same order on every execution; names are unique within a run.
 func Atomic[T any](ctx context.Context, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (T, error) {
+	return phase(ctx, name, KindAtomic, func(ctx context.Context, ex *execution, seq int, _ steps.Key) (T, error) {
+		return runAtomic(ctx, ex, seq, name, fn)
+	})
+}
+
+// phase is what every kind of phase shares: find the execution, take the
+// next journal position, and either replay the journaled phase or run it,
+// between the hooks. A step's child key is derived here, so that the hooks
+// see it.
+func phase[T any](ctx context.Context, name string, kind PhaseKind, run func(ctx context.Context, ex *execution, seq int, key steps.Key) (T, error)) (T, error) {
 	var zero T
 	ex, err := executionFrom(ctx)
 	if err != nil {
@@ -31,16 +44,30 @@ func Atomic[T any](ctx context.Context, name string, fn func(ctx context.Context
 	if err != nil {
 		return zero, err
 	}
-	ctx, end := ex.c.hooks.Phase(ctx, ex.phaseInfo(name, KindAtomic, seq, memo != nil, ""))
+	var key steps.Key
+	if kind == KindStep {
+		key = steps.ChildKey(ex.run.Tenant, ex.run.ID, name)
+	}
+	ctx, end := ex.c.hooks.Phase(ctx, ex.phaseInfo(name, kind, seq, memo != nil, string(key)))
 	out, err := func() (T, error) {
 		defer ex.leave()
 		if memo != nil {
-			return decodeOutput[T](memo)
+			return replay[T](memo)
 		}
-		return runAtomic(ctx, ex, seq, name, fn)
+		return run(ctx, ex, seq, key)
 	}()
 	end(err)
 	return out, err
+}
+
+// replay answers a phase from its journal row: its output, or the permanent
+// failure it recorded.
+func replay[T any](p *Phase) (T, error) {
+	if p.Error != nil {
+		var zero T
+		return zero, &steps.PermanentError{Code: p.Error.Code, Err: errors.New(p.Error.Message)}
+	}
+	return decodeOutput[T](p)
 }
 
 func runAtomic[T any](ctx context.Context, ex *execution, seq int, name string, fn func(context.Context, pgx.Tx) (T, error)) (T, error) {

@@ -38,29 +38,9 @@ type StepOpts struct {
 // A crash between fn's call and the commit repeats the call on resume, with
 // the same key: the downstream must deduplicate on it.
 func Step[T any](ctx context.Context, name string, fn func(ctx context.Context, key steps.Key) (T, error), opts *StepOpts) (T, error) {
-	var zero T
-	ex, err := executionFrom(ctx)
-	if err != nil {
-		return zero, err
-	}
-	memo, seq, err := ex.enter(name)
-	if err != nil {
-		return zero, err
-	}
-	key := steps.ChildKey(ex.run.Tenant, ex.run.ID, name)
-	ctx, end := ex.c.hooks.Phase(ctx, ex.phaseInfo(name, KindStep, seq, memo != nil, string(key)))
-	out, err := func() (T, error) {
-		defer ex.leave()
-		if memo != nil {
-			if memo.Error != nil {
-				return zero, &steps.PermanentError{Code: memo.Error.Code, Err: errors.New(memo.Error.Message)}
-			}
-			return decodeOutput[T](memo)
-		}
+	return phase(ctx, name, KindStep, func(ctx context.Context, ex *execution, seq int, key steps.Key) (T, error) {
 		return runStep(ctx, ex, seq, name, key, fn, opts)
-	}()
-	end(err)
-	return out, err
+	})
 }
 
 func runStep[T any](ctx context.Context, ex *execution, seq int, name string, key steps.Key, fn func(context.Context, steps.Key) (T, error), opts *StepOpts) (T, error) {
