@@ -1,0 +1,55 @@
+package steps_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/ratchet-run/ratchet/steps"
+)
+
+// A step's child key is a pure function of the run and the phase: every
+// retry, in every process, sends the same one.
+func ExampleChildKey() {
+	key := steps.ChildKey("default", "01JD3M5ZQ6V1YQ2W3E4R5T6Y7U", "charge_created")
+	fmt.Println(key)
+	fmt.Println(key.Nth(1)) // the second call of the same step
+	// Output:
+	// rk1_zx34ejctq23fa3zbukvmdgv3xvxapfor
+	// rk1_plmuhy6fnnxjnl3oxxxob657sbdt5uo7
+}
+
+// Classify says what a failed call means for retrying it.
+func ExampleClassify() {
+	for _, err := range []error{
+		&steps.StatusError{StatusCode: http.StatusServiceUnavailable},
+		&steps.StatusError{StatusCode: http.StatusTooManyRequests, RetryAfter: 2 * time.Second},
+		&steps.StatusError{StatusCode: http.StatusPaymentRequired},
+		&steps.IndeterminateError{Err: errors.New("connection reset after the request was sent")},
+		context.DeadlineExceeded,
+	} {
+		fmt.Printf("%v: %s\n", err, steps.Classify(err))
+	}
+	// Output:
+	// downstream answered 503 Service Unavailable: retryable
+	// downstream answered 429 Too Many Requests: retryable
+	// downstream answered 402 Payment Required: permanent
+	// request sent, no answer (it may have happened): connection reset after the request was sent: indeterminate
+	// context deadline exceeded: indeterminate
+}
+
+// A policy's waits, without jitter.
+func ExamplePolicy_Delay() {
+	p := steps.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: time.Second, Jitter: -1}
+	for attempt := 1; attempt <= 5; attempt++ {
+		fmt.Println(p.Delay(attempt, errors.New("503")))
+	}
+	// Output:
+	// 100ms
+	// 200ms
+	// 400ms
+	// 800ms
+	// 1s
+}
