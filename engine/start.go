@@ -285,24 +285,28 @@ func (c *Client) Resume(ctx context.Context, runID string) (*Run, error) {
 		return nil, err
 	}
 	defer done()
-	run, ok, err := c.claim(ctx, nil, takeOverSQL, runID, c.cfg.ID, c.cfg.StaleAfter)
-	if err != nil {
-		return nil, fmt.Errorf("engine: take over run: %w", err)
-	}
-	if !ok {
-		lr, err := getRun(ctx, c.pool, runID)
+	var run *Run
+	for attempt := 0; run == nil; attempt++ {
+		claimed, ok, err := c.claim(ctx, nil, takeOverSQL, runID, c.cfg.ID, c.cfg.StaleAfter)
 		if err != nil {
+			return nil, fmt.Errorf("engine: take over run: %w", err)
+		}
+		if ok {
+			run = claimed
+			break
+		}
+		lr, err := getRun(ctx, c.pool, runID)
+		switch {
+		case err != nil:
 			return nil, err
-		}
-		if lr.Status.Finished() {
+		case lr.Status.Finished():
 			return &lr.Run, nil
-		}
-		if lr.LeaseLive {
+		case lr.LeaseLive:
 			return nil, &LeaseHeldError{RunID: runID, ExpiresAt: *lr.LeaseExpiresAt}
+		case attempt > 0:
+			return nil, fmt.Errorf("engine: run %s kept changing while being taken over", runID)
 		}
-		// The lease expired between the two statements; a competing
-		// claimant is as likely as not. Report it held rather than race.
-		return nil, &LeaseHeldError{RunID: runID}
+		// The lease expired between the two statements: try once more.
 	}
 	if run.LeaseToken > 1 {
 		c.tel.takeovers.Add(ctx, 1, metric.WithAttributes(attrWorkflow.String(run.Workflow)))
