@@ -66,7 +66,7 @@ func (c *Client) execute(ctx context.Context, def definition, run *Run, journal 
 	ctx, end := c.hooks.Run(ctx, RunInfo{
 		RunID: run.ID, Tenant: run.Tenant, Workflow: run.Workflow, Version: run.WorkflowVersion,
 		Attempt: run.Attempt, LeaseToken: run.LeaseToken, RecoveryPoint: run.RecoveryPoint,
-		Traceparent: traceparent, Resumed: len(journal) > 0,
+		Traceparent: traceparent, Resumed: run.Attempt > 1 || len(journal) > 0,
 	})
 
 	stopHeartbeat := c.heartbeat(ctx, ex)

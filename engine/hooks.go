@@ -27,7 +27,8 @@ type RunInfo struct {
 	RecoveryPoint string
 	// Traceparent of the request that created the run, if any.
 	Traceparent string
-	// Resumed is true when committed phases exist (the run is continuing).
+	// Resumed is true when the run is continuing: an earlier execution
+	// claimed it, or committed phases exist.
 	Resumed bool
 }
 
