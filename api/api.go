@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -272,7 +273,7 @@ func (h *Handler) startRun(w http.ResponseWriter, r *http.Request, tenant string
 	case err != nil:
 		writeProblem(w, problem{Status: http.StatusBadRequest, Code: codeMalformedJSON, Title: "Could not read the request body"})
 		return
-	case !jsonValid(body):
+	case !json.Valid(body):
 		writeProblem(w, problem{Status: http.StatusBadRequest, Code: codeMalformedJSON, Title: "The body is not valid JSON"})
 		return
 	}

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/json"
 	"net/http"
 	"time"
 )
@@ -24,5 +23,3 @@ func NewServer(addr string, h http.Handler, maxWait time.Duration) *http.Server 
 		MaxHeaderBytes:    64 << 10,
 	}
 }
-
-func jsonValid(b []byte) bool { return json.Valid(b) }

@@ -139,10 +139,12 @@ WITH advanced AS (
 	SELECT id, $4, $3, $5, $6, $7, $8, $9, coalesce($10, now()), clock_timestamp() FROM advanced
 	RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM journaled),
-	coalesce((SELECT cancel FROM advanced), false),
-	coalesce((SELECT lease_token = $2 AND finished_at IS NULL AND cancel_requested_at IS NOT NULL
-		FROM ratchet.runs WHERE id = $1), false)`
+SELECT committed, coalesce((SELECT cancel FROM advanced), false),
+	-- Only a refused commit looks at the run again (CASE is lazy).
+	CASE WHEN committed THEN false ELSE coalesce((
+		SELECT lease_token = $2 AND finished_at IS NULL AND cancel_requested_at IS NOT NULL
+		FROM ratchet.runs WHERE id = $1), false) END
+FROM (SELECT EXISTS (SELECT 1 FROM journaled) AS committed) outcome`
 
 // commitPhase runs commitPhaseSQL on db (the phase's transaction, or the
 // pool for a step). A refused commit returns ErrCancelled (the run is to

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"strconv"
 	"sync"
@@ -120,17 +119,15 @@ func (c *Config) validate() error {
 	return c.StepPolicy.Validate()
 }
 
+// runBackoff is the default wait between executions of a run that failed
+// retryably: steps' exponential backoff with run-sized bounds.
+var runBackoff = steps.Policy{InitialInterval: time.Second, MaxInterval: 5 * time.Minute, Jitter: 0.2}
+
 // DefaultRetryBackoff waits 1s after the first failed execution, doubling
 // up to 5 minutes, with ±20% jitter so that runs failed together do not
 // retry together.
 func DefaultRetryBackoff(attempt int) time.Duration {
-	const base, limit = time.Second, 5 * time.Minute
-	d := limit
-	if attempt < 20 {
-		d = min(base<<max(attempt-1, 0), limit)
-	}
-	jitter := time.Duration((rand.Float64()*0.4 - 0.2) * float64(d))
-	return d + jitter
+	return runBackoff.Delay(max(attempt, 1), nil)
 }
 
 // Client starts, executes and resumes runs. It is safe for concurrent use.

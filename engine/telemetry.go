@@ -69,7 +69,7 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry,
 	t.recoveries = counter("ratchet.runs.recovered", "Executions that continued a run from its recovery point.")
 	t.takeovers = counter("ratchet.lease.takeovers", "Claims of a run whose previous lease had expired or been released.")
 	t.fencing = counter("ratchet.lease.fencing_rejections", "Writes refused because another executor holds the run's lease.")
-	t.replays = counter("ratchet.runs.replayed", "Starts answered with a finished run's stored result.")
+	t.replays = counter("ratchet.runs.replayed", "Starts that found their key taken, by outcome (finished: a stored result replayed).")
 	if err != nil {
 		return nil, err
 	}

@@ -64,6 +64,10 @@ func All() ([]Migration, error) {
 	return all, nil
 }
 
+// discard is the logger of a caller that gave none (River's migrator would
+// otherwise print to stdout).
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
 // ApplyOpts are options for Apply. A nil *ApplyOpts is valid.
 type ApplyOpts struct {
 	// Logger receives one line per applied migration. Defaults to discarding.
@@ -88,7 +92,7 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, opts *ApplyOpts) (*Result, e
 	}
 	logger := opts.Logger
 	if logger == nil {
-		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		logger = discard
 	}
 	all, err := All()
 	if err != nil {
@@ -213,7 +217,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool) error {
 			return fmt.Errorf("%w: %s not applied", ErrPending, m.Name)
 		}
 	}
-	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: Schema})
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: discard, Schema: Schema})
 	if err != nil {
 		return fmt.Errorf("migrations: river migrator: %w", err)
 	}
