@@ -84,8 +84,8 @@ WHERE run_id = $1 AND error IS NOT NULL
 	AND seq = (SELECT max(seq) FROM ratchet.phases WHERE run_id = $1)`
 
 // Reopen retries a failed run from its recovery point: the run becomes
-// pending again (keeping its last error until it finishes anew) and, with a
-// scheduler, a look is scheduled now. If the journal's last phase is the
+// pending again and due at once (keeping its last error until it finishes
+// anew). If the journal's last phase is the
 // step whose permanent failure failed the run, it is removed so that the
 // step is tried again — with the same child key, so a downstream that
 // stored its answer gives it again. Committed phases are not repeated. A run
@@ -107,7 +107,7 @@ func (c *Client) Reopen(ctx context.Context, runID string) (*Run, error) {
 		if _, err := tx.Exec(ctx, dropFailedPhaseSQL, runID); err != nil {
 			return err
 		}
-		run, _, err = c.claim(ctx, tx, reopenSQL, runID)
+		run, _, err = queryRun(ctx, tx, reopenSQL, runID)
 		return err
 	})
 	if err != nil {

@@ -57,11 +57,6 @@ type Config struct {
 	// its own. Defaults to 30s.
 	StepTimeout time.Duration
 
-	// Scheduler, if set, is told in every claiming transaction when to look
-	// at the run again (the worker package provides one). Defaults to none:
-	// runs are resumed only by calls to Resume.
-	Scheduler Scheduler
-
 	// Hooks observe run and phase boundaries, after the engine's own
 	// OpenTelemetry spans. Defaults to none.
 	Hooks Hooks

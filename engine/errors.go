@@ -48,6 +48,13 @@ var (
 
 	// ErrNotFailed means a reopen was asked of a run that has not failed.
 	ErrNotFailed = errors.New("engine: run has not failed")
+
+	// ErrExecutionTimeout, as the cause of an execution context's end
+	// (context.WithTimeoutCause), stops the execution and releases its run
+	// to be retried after backoff, with error code "execution_timeout",
+	// instead of abandoning it to its lease as a plain cancellation does.
+	// The worker bounds the executions it resumes this way.
+	ErrExecutionTimeout = errors.New("engine: execution exceeded its time limit")
 )
 
 // cancelledError is stored with a cancelled run.
@@ -97,14 +104,15 @@ func (e *NonDeterminismError) Error() string {
 
 // Error codes stored in a failed run's error.
 const (
-	CodeNonDeterminism = "non_determinism"
-	CodeDuplicatePhase = "duplicate_phase"
-	CodeInvalidPhase   = "invalid_phase"
-	CodeInternal       = "internal"
-	CodePanic          = "panic"
-	CodeStepExhausted  = "step_retries_exhausted"
-	CodeIndeterminate  = "indeterminate"
-	CodeCancelled      = "cancelled"
+	CodeNonDeterminism   = "non_determinism"
+	CodeDuplicatePhase   = "duplicate_phase"
+	CodeInvalidPhase     = "invalid_phase"
+	CodeInternal         = "internal"
+	CodePanic            = "panic"
+	CodeStepExhausted    = "step_retries_exhausted"
+	CodeIndeterminate    = "indeterminate"
+	CodeCancelled        = "cancelled"
+	CodeExecutionTimeout = "execution_timeout"
 )
 
 // PermanentError marks an error that retrying cannot fix (a declined card, a

@@ -110,7 +110,18 @@ func (c *Client) conclude(ctx context.Context, ex *execution, output []byte, err
 		return nil, fmt.Errorf("engine: run %s: %w", ex.run.ID, ErrLeaseLost)
 	}
 	if errors.Is(context.Cause(ctx), ErrShutdown) {
-		return c.handOver(ctx, ex)
+		run, err := c.handOver(ctx, ex.run)
+		if errors.Is(err, ErrLeaseLost) {
+			return nil, ex.leaseLost(ctx)
+		}
+		return run, err
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, ErrExecutionTimeout) {
+		// Released like a retryable failure, so that the run is neither
+		// abandoned to its lease nor retried at once.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		return c.retryLater(ctx, ex, &RunError{Code: CodeExecutionTimeout, Message: cause.Error(), Retryable: true})
 	}
 	if ctx.Err() != nil {
 		// Abandoned: the lease stays until it expires, as after a crash.
@@ -176,9 +187,9 @@ func (c *Client) finish(ctx context.Context, ex *execution, status Status, outpu
 }
 
 // retrySQL releases a run after a retryable failure, to be executed again
-// from its recovery point no earlier than the backoff allows. Like a hand
-// over, the release takes a new token, so the look scheduled with it (at
-// next_attempt_at) is the one that counts.
+// from its recovery point no earlier than the backoff allows (the run is
+// due at next_attempt_at). Like a hand over, the release takes a new token,
+// so that a zombie of the released lease is fenced.
 const retrySQL = `
 UPDATE ratchet.runs SET
 	lease_token = lease_token + 1,
@@ -193,7 +204,7 @@ RETURNING ` + runColumns
 
 func (c *Client) retryLater(ctx context.Context, ex *execution, runErr *RunError) (*Run, error) {
 	backoff := c.cfg.RetryBackoff(ex.run.Attempt)
-	run, ok, err := c.claim(ctx, nil, retrySQL, ex.run.ID, ex.run.LeaseToken, runErr, backoff)
+	run, ok, err := queryRun(ctx, c.pool, retrySQL, ex.run.ID, ex.run.LeaseToken, runErr, backoff)
 	if err != nil {
 		return nil, fmt.Errorf("engine: release run %s for retry: %w", ex.run.ID, err)
 	}

@@ -57,13 +57,19 @@ type Run struct {
 	// CancelRequestedAt is set when a cancellation was asked of the run
 	// while an executor held it.
 	CancelRequestedAt *time.Time `db:"cancel_requested_at"`
+	// DueAt is when the run is next due for an executor, derived by the
+	// database from the lease and the backoff: the lease's expiry, the end
+	// of the backoff, or, for a run nobody holds, when it was last changed.
+	// Nil once the run has finished. A worker in any process takes over a
+	// run whose DueAt has passed (see ClaimDue).
+	DueAt *time.Time `db:"due_at"`
 }
 
 // runColumns lists Run's columns in the order of its fields.
 const runColumns = `id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
 	status, recovery_point, lease_owner, lease_token, lease_expires_at, attempt, next_attempt_at,
 	output, error, response_status, traceparent, created_at, updated_at, finished_at, expires_at,
-	cancel_requested_at`
+	cancel_requested_at, due_at`
 
 // dbtx is what both a pool and a transaction offer.
 type dbtx interface {

@@ -16,11 +16,21 @@ var ErrShutdown = errors.New("engine: client is shutting down")
 // enter admits a Start or Resume unless the client is shutting down. The
 // returned function must be called when the call returns.
 func (c *Client) enter() (done func(), err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.draining {
+	done, draining := c.admit()
+	if draining {
+		done()
 		return nil, ErrShutdown
 	}
+	return done, nil
+}
+
+// admit counts a call that executes runs, so that Shutdown waits for it,
+// and reports whether Shutdown has begun: a call admitted while draining
+// must start nothing, and hand over any run it already holds. The returned
+// function must be called when the call returns.
+func (c *Client) admit() (done func(), draining bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.active++
 	return func() {
 		c.mu.Lock()
@@ -30,7 +40,7 @@ func (c *Client) enter() (done func(), err error) {
 			close(c.idle)
 			c.idle = nil
 		}
-	}, nil
+	}, c.draining
 }
 
 // track registers a running execution so that Shutdown can hand it over.
@@ -52,9 +62,9 @@ func (c *Client) track(ex *execution) (untrack func()) {
 // Shutdown stops the client from starting or resuming runs and waits for
 // executions in progress to conclude. When ctx ends first (its deadline is
 // the grace period), the remaining executions are stopped at once and hand
-// their runs over: each releases its lease with a new token and schedules
-// the run now, so another executor continues it without waiting for the
-// lease to go stale. Shutdown returns when every execution has concluded.
+// their runs over: each releases its lease with a new token, which makes
+// the run due now, so another executor continues it without waiting for
+// the lease to go stale. Shutdown returns when every execution has concluded.
 func (c *Client) Shutdown(ctx context.Context) error {
 	c.mu.Lock()
 	c.draining = true
@@ -83,9 +93,8 @@ func (c *Client) Shutdown(ctx context.Context) error {
 	return nil
 }
 
-// handOverSQL releases a run held by this execution and gives it a new
-// token, so that the schedule made in the same transaction concerns the new
-// lease and whatever was scheduled for the old one finds it moot.
+// handOverSQL releases a run held by this client and gives it a new token,
+// so that a zombie of the lease it held is fenced. The run is due at once.
 const handOverSQL = `
 UPDATE ratchet.runs SET
 	lease_token = lease_token + 1,
@@ -96,20 +105,22 @@ UPDATE ratchet.runs SET
 WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
 RETURNING ` + runColumns
 
-// handOver releases the run of an execution stopped by Shutdown.
-func (c *Client) handOver(ctx context.Context, ex *execution) (*Run, error) {
-	// The execution's context is cancelled; the release gets a moment of
+// handOver releases a run this client holds (as claimed, in run) because
+// the client is shutting down. It returns the released run with an error
+// wrapping ErrShutdown, or ErrLeaseLost if the lease was no longer ours.
+func (c *Client) handOver(ctx context.Context, run *Run) (*Run, error) {
+	// The caller's context may be cancelled; the release gets a moment of
 	// its own.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	run, ok, err := c.claim(ctx, nil, handOverSQL, ex.run.ID, ex.run.LeaseToken)
+	released, ok, err := queryRun(ctx, c.pool, handOverSQL, run.ID, run.LeaseToken)
 	if err != nil {
-		return nil, fmt.Errorf("engine: hand over run %s: %w", ex.run.ID, err)
+		return nil, fmt.Errorf("engine: hand over run %s: %w", run.ID, err)
 	}
 	if !ok {
-		return nil, ex.leaseLost(ctx)
+		return nil, fmt.Errorf("engine: run %s: %w", run.ID, ErrLeaseLost)
 	}
-	c.logger.InfoContext(ctx, "handed run over for another executor", slog.String("run_id", ex.run.ID),
-		slog.Int64("lease_token", run.LeaseToken), slog.String("recovery_point", run.RecoveryPoint))
-	return run, fmt.Errorf("engine: run %s handed over: %w", ex.run.ID, ErrShutdown)
+	c.logger.InfoContext(ctx, "handed run over for another executor", slog.String("run_id", run.ID),
+		slog.Int64("lease_token", released.LeaseToken), slog.String("recovery_point", released.RecoveryPoint))
+	return released, fmt.Errorf("engine: run %s handed over: %w", run.ID, ErrShutdown)
 }

@@ -92,16 +92,19 @@ func (c *Client) Claim(ctx context.Context, p StartParams) (*StartResult, error)
 }
 
 // Execute executes a run that Claim just created for this client, as Start
-// would have, and returns its state as the execution left it.
+// would have, and returns its state as the execution left it. Once Shutdown
+// has begun it executes nothing: it hands the run over at once, so that
+// another process continues it without waiting for the lease to expire,
+// and returns ErrShutdown.
 func (c *Client) Execute(ctx context.Context, res *StartResult) (*Run, error) {
-	if res == nil || res.Outcome != OutcomeCreated || res.Run.LeaseOwner == nil || *res.Run.LeaseOwner != c.cfg.ID {
+	if res == nil || res.Outcome != OutcomeCreated || !c.holds(res.Run) {
 		return nil, errors.New("engine: Execute needs a run created by this client's Claim")
 	}
-	done, err := c.enter()
-	if err != nil {
-		return nil, err
-	}
+	done, draining := c.admit()
 	defer done()
+	if draining {
+		return c.handOver(ctx, res.Run)
+	}
 	def, err := c.workflows.lookup(res.Run.Workflow)
 	if err != nil {
 		return nil, err
@@ -163,7 +166,7 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 	// A key pruned between the INSERT's conflict and the lookup is free
 	// again; try once more rather than report a run that no longer exists.
 	for range 3 {
-		run, created, err := c.claimKey(ctx, tx, def, p, input, fp, tx == nil)
+		run, created, err := c.claimKey(ctx, db, def, p, input, fp, tx == nil)
 		if err != nil {
 			return nil, err
 		}
@@ -224,8 +227,8 @@ SELECT $1, $2, $3, $4, $5, $6, $7, nullif($8, ''),
 ON CONFLICT (tenant, idempotency_key) DO NOTHING
 RETURNING ` + runColumns
 
-func (c *Client) claimKey(ctx context.Context, tx pgx.Tx, def definition, p StartParams, input, fp []byte, lease bool) (*Run, bool, error) {
-	run, ok, err := c.claim(ctx, tx, claimKeySQL,
+func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartParams, input, fp []byte, lease bool) (*Run, bool, error) {
+	run, ok, err := queryRun(ctx, db, claimKeySQL,
 		ulid.Make().String(), p.Tenant, p.IdempotencyKey, def.Name(), def.version(), input, fp,
 		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter)
 	var pgErr *pgconn.PgError
@@ -287,7 +290,7 @@ func (c *Client) Resume(ctx context.Context, runID string) (*Run, error) {
 	defer done()
 	var run *Run
 	for attempt := 0; run == nil; attempt++ {
-		claimed, ok, err := c.claim(ctx, nil, takeOverSQL, runID, c.cfg.ID, c.cfg.StaleAfter)
+		claimed, ok, err := queryRun(ctx, c.pool, takeOverSQL, runID, c.cfg.ID, c.cfg.StaleAfter)
 		if err != nil {
 			return nil, fmt.Errorf("engine: take over run: %w", err)
 		}
@@ -308,9 +311,21 @@ func (c *Client) Resume(ctx context.Context, runID string) (*Run, error) {
 		}
 		// The lease expired between the two statements: try once more.
 	}
+	c.countTakeover(ctx, run)
+	return c.continueRun(ctx, run)
+}
+
+// countTakeover records a claim that replaced an earlier lease (rather than
+// the first claim of a run created unleased by StartTx).
+func (c *Client) countTakeover(ctx context.Context, run *Run) {
 	if run.LeaseToken > 1 {
 		c.tel.takeovers.Add(ctx, 1, metric.WithAttributes(attrWorkflow.String(run.Workflow)))
 	}
+}
+
+// continueRun executes a run this client has just taken over, from its
+// recovery point.
+func (c *Client) continueRun(ctx context.Context, run *Run) (*Run, error) {
 	def, err := c.workflows.lookup(run.Workflow)
 	if err != nil {
 		// Keep the lease until it expires: a process that knows the

@@ -6,106 +6,250 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/ratchet-run/ratchet/engine"
 )
 
-// Action is what to do about a run when its scheduled look comes.
-type Action int
-
+// Defaults for Config.
 const (
-	// Done: nothing left to do for this look. The run has finished, or a
-	// newer claim has replaced the lease the look was scheduled for (and
-	// made its own schedule).
-	Done Action = iota
-	// Wait: look again at Until (a live lease, or a retry not yet due).
-	Wait
-	// TakeOver: the lease is absent or expired and the run is due.
-	TakeOver
+	DefaultPollInterval     = 500 * time.Millisecond
+	DefaultMaxExecutions    = 20
+	DefaultExecutionTimeout = 10 * time.Minute
 )
 
-func (a Action) String() string {
-	return [...]string{"done", "wait", "take_over"}[a]
+// Config configures a Recoverer. The zero value of every field selects its
+// documented default; a nil *Config is valid.
+type Config struct {
+	// PollInterval is how often the Recoverer looks for due runs (±10%, so
+	// that processes started together do not poll together). It bounds how
+	// late after its lease expires, or its backoff ends, a run is taken
+	// over. Defaults to 500ms; at most 1 minute.
+	PollInterval time.Duration
+	// MaxExecutions bounds the runs this Recoverer executes at once; a poll
+	// claims no more than the free slots, and polls again as soon as one
+	// frees while due runs remain. Defaults to 20.
+	MaxExecutions int
+	// ExecutionTimeout bounds one resumed execution: one that outlasts it
+	// is stopped and its run released to be retried after backoff (error
+	// code "execution_timeout"). Defaults to 10 minutes.
+	ExecutionTimeout time.Duration
+	// Logger receives the Recoverer's logs. Defaults to discarding them.
+	Logger *slog.Logger
 }
 
-// Decision is Decide's answer.
-type Decision struct {
-	Action Action
-	// Until is when to look again, by the database's clock (Wait only).
-	Until  time.Time
-	Reason string
-}
-
-// Decide says what a look scheduled for the run's lease token should do.
-func Decide(s *engine.RunState, token int64) Decision {
-	switch {
-	case s.Status.Finished():
-		return Decision{Action: Done, Reason: "run finished"}
-	case s.LeaseToken != token:
-		return Decision{Action: Done, Reason: "lease replaced by a newer claim"}
-	case s.LeaseLive:
-		return Decision{Action: Wait, Until: *s.LeaseExpiresAt, Reason: "lease is live"}
-	case s.NextAttemptAt != nil && s.NextAttemptAt.After(s.Now):
-		return Decision{Action: Wait, Until: *s.NextAttemptAt, Reason: "retry not yet due"}
+func (c *Config) withDefaults() *Config {
+	var out Config
+	if c != nil {
+		out = *c
 	}
-	return Decision{Action: TakeOver, Reason: "lease absent or expired"}
+	if out.PollInterval == 0 {
+		out.PollInterval = DefaultPollInterval
+	}
+	if out.MaxExecutions == 0 {
+		out.MaxExecutions = DefaultMaxExecutions
+	}
+	if out.ExecutionTimeout == 0 {
+		out.ExecutionTimeout = DefaultExecutionTimeout
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &out
 }
 
-// Recoverer acts on decisions with an engine client.
+func (c *Config) validate() error {
+	switch {
+	case c.PollInterval < time.Millisecond || c.PollInterval > time.Minute:
+		return fmt.Errorf("recovery: PollInterval %s is outside 1ms..1m", c.PollInterval)
+	case c.MaxExecutions < 1:
+		return fmt.Errorf("recovery: MaxExecutions %d is less than 1", c.MaxExecutions)
+	case c.ExecutionTimeout < time.Second:
+		return fmt.Errorf("recovery: ExecutionTimeout %s is below 1s", c.ExecutionTimeout)
+	}
+	return nil
+}
+
+// Recoverer finds due runs in the runs table and executes them with an
+// engine client: runs whose executor died (lease expired), runs released
+// for a retry (backoff over), runs created unleased by StartTx, and runs
+// handed over by a process shutting down. Every process that should resume
+// runs has one; they share the work through the database alone, with no
+// leader and no queue of their own.
 type Recoverer struct {
 	engine *engine.Client
+	cfg    *Config
 	logger *slog.Logger
+
+	mu       sync.Mutex
+	inFlight int
+	stop     context.CancelFunc // ends the poll loop; nil before Start
+	loopDone chan struct{}
+
+	freed      chan struct{} // a slot freed (buffered 1: a doorbell)
+	executions sync.WaitGroup
 }
 
-// New returns a Recoverer that takes runs over with c. A nil logger
-// discards.
-func New(c *engine.Client, logger *slog.Logger) *Recoverer {
-	if logger == nil {
-		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+// New returns a Recoverer that claims and executes runs with c. It does no
+// I/O.
+func New(c *engine.Client, cfg *Config) (*Recoverer, error) {
+	if c == nil {
+		return nil, errors.New("recovery: nil engine client")
 	}
-	return &Recoverer{engine: c, logger: logger}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Recoverer{engine: c, cfg: cfg, logger: cfg.Logger, freed: make(chan struct{}, 1)}, nil
 }
 
-// Look performs a scheduled look at run runID for lease token. It returns
-// how long to wait before looking again, or 0 when this look is done with.
-// A takeover executes the run to its conclusion within Look.
-func (r *Recoverer) Look(ctx context.Context, runID string, token int64) (time.Duration, error) {
-	s, err := r.engine.Inspect(ctx, runID)
-	if errors.Is(err, engine.ErrRunNotFound) {
-		return 0, nil // pruned
+// Start begins polling for due runs on a goroutine of its own, until Stop.
+// ctx bounds nothing after Start returns: executions must outlive the
+// polling, for the engine's Shutdown to finish or hand them over.
+func (r *Recoverer) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stop != nil {
+		return errors.New("recovery: Recoverer already started")
 	}
+	ctx, r.stop = context.WithCancel(context.WithoutCancel(ctx))
+	r.loopDone = make(chan struct{})
+	go r.loop(ctx)
+	return nil
+}
+
+// Stop ends polling and returns when no further run will be claimed.
+// Executions in progress go on: stop the engine client (Client.Shutdown)
+// to conclude them, and Wait for them.
+func (r *Recoverer) Stop() {
+	r.mu.Lock()
+	stop, done := r.stop, r.loopDone
+	r.mu.Unlock()
+	if stop == nil {
+		return
+	}
+	stop()
+	<-done
+}
+
+// Wait returns when every execution this Recoverer started has concluded,
+// or when ctx ends.
+func (r *Recoverer) Wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		r.executions.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// loop polls every PollInterval, and at once when a slot frees while due
+// runs were left unclaimed for want of one.
+func (r *Recoverer) loop(ctx context.Context) {
+	defer close(r.loopDone)
+	backlog := false
+	timer := time.NewTimer(0) // the first poll is at once
+	defer timer.Stop()
+	// timer.Reset below is safe whether or not the timer fired: since Go
+	// 1.23 a reset timer delivers no stale tick.
+	for {
+		var freed <-chan struct{}
+		if backlog {
+			freed = r.freed
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-freed:
+		}
+		claimed, free, err := r.poll(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, engine.ErrShutdown):
+			return
+		case err != nil:
+			r.logger.WarnContext(ctx, "recovery: looking for due runs failed; will look again", slog.String("error", err.Error()))
+		}
+		// Every free slot was filled (or none was free): more runs may be
+		// due than this process can take, so look again when one frees.
+		backlog = err == nil && claimed == free
+		timer.Reset(r.jittered())
+	}
+}
+
+// Poll claims as many due runs as there are free execution slots and
+// starts executing them; it returns how many it claimed. The poll loop
+// calls it; it is exported for a process that drives discovery itself.
+func (r *Recoverer) Poll(ctx context.Context) (int, error) {
+	n, _, err := r.poll(ctx)
+	return n, err
+}
+
+func (r *Recoverer) poll(ctx context.Context) (claimed, free int, err error) {
+	r.mu.Lock()
+	free = r.cfg.MaxExecutions - r.inFlight
+	r.mu.Unlock()
+	if free <= 0 {
+		return 0, 0, nil
+	}
+	runs, err := r.engine.ClaimDue(ctx, free)
 	if err != nil {
-		return 0, err
+		return 0, free, err
 	}
-	d := Decide(s, token)
-	switch d.Action {
-	case Done:
-		return 0, nil
-	case Wait:
-		return max(d.Until.Sub(s.Now), time.Millisecond), nil
+	for _, run := range runs {
+		r.execute(run)
 	}
+	return len(runs), free, nil
+}
 
-	log := r.logger.With(slog.String("run_id", runID), slog.Int64("stale_token", token), slog.String("recovery_point", s.RecoveryPoint))
-	run, err := r.engine.Resume(ctx, runID)
-	switch {
-	case errors.Is(err, engine.ErrLeaseHeld):
-		// Another claimant won; its claim scheduled its own look.
-		return 0, nil
-	case errors.Is(err, engine.ErrLeaseLost), errors.Is(err, engine.ErrShutdown):
-		// Superseded, or handed over: whoever holds the run now has a look
-		// scheduled.
-		log.InfoContext(ctx, "recovery ended early", slog.String("reason", err.Error()))
-		return 0, nil
-	case err != nil && run != nil:
-		// Claimed, then cut short (ctx ended, database trouble): the claim
-		// scheduled a look at its own lease.
-		log.WarnContext(ctx, "recovered execution cut short", slog.String("error", err.Error()))
-		return 0, nil
-	case err != nil:
-		return 0, fmt.Errorf("recovery: take over run %s: %w", runID, err)
-	}
-	log.InfoContext(ctx, "run recovered", slog.String("status", string(run.Status)),
-		slog.Int64("lease_token", run.LeaseToken), slog.Int("attempt", run.Attempt))
-	return 0, nil
+// execute continues a claimed run on a goroutine of its own, with a context
+// that only its time limit ends: the engine's Shutdown, not the poll loop's
+// end, decides when an execution stops (and hands its run over).
+func (r *Recoverer) execute(run *engine.Run) {
+	r.mu.Lock()
+	r.inFlight++
+	r.mu.Unlock()
+	r.executions.Add(1)
+	go func() {
+		defer r.executions.Done()
+		defer func() {
+			r.mu.Lock()
+			r.inFlight--
+			r.mu.Unlock()
+			select {
+			case r.freed <- struct{}{}:
+			default:
+			}
+		}()
+		ctx, cancel := context.WithTimeoutCause(context.Background(), r.cfg.ExecutionTimeout,
+			fmt.Errorf("%w (%s)", engine.ErrExecutionTimeout, r.cfg.ExecutionTimeout))
+		defer cancel()
+		log := r.logger.With(slog.String("run_id", run.ID), slog.Int64("lease_token", run.LeaseToken),
+			slog.String("recovery_point", run.RecoveryPoint), slog.Int("attempt", run.Attempt))
+		final, err := r.engine.Continue(ctx, run)
+		switch {
+		case errors.Is(err, engine.ErrShutdown), errors.Is(err, engine.ErrLeaseLost):
+			// Handed over, or superseded: whoever holds the run now
+			// continues it. The engine logged which.
+		case err != nil:
+			log.WarnContext(ctx, "recovered execution cut short", slog.String("error", err.Error()))
+		default:
+			log.InfoContext(ctx, "executed due run", slog.String("status", string(final.Status)))
+		}
+	}()
+}
+
+// jittered is the poll interval ±10%.
+func (r *Recoverer) jittered() time.Duration {
+	d := r.cfg.PollInterval
+	return d - d/10 + rand.N(d/5+1)
 }

@@ -2,9 +2,13 @@ package recovery_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
@@ -12,32 +16,157 @@ import (
 	"github.com/ratchet-run/ratchet/recovery"
 )
 
-func TestDecide(t *testing.T) {
-	t.Parallel()
-	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-	at := func(d time.Duration) *time.Time { v := now.Add(d); return &v }
-	state := func(status engine.Status, token int64, live bool, expires, next *time.Time) *engine.RunState {
-		return &engine.RunState{
-			Run:       engine.Run{Status: status, LeaseToken: token, LeaseExpiresAt: expires, NextAttemptAt: next},
-			LeaseLive: live, Now: now,
+// finishes reports every run whose execution ends finished, by id.
+type finishes chan string
+
+func (f finishes) Run(ctx context.Context, info engine.RunInfo) (context.Context, func(engine.RunEnd)) {
+	return ctx, func(end engine.RunEnd) {
+		if end.Status.Finished() {
+			f <- info.RunID
 		}
 	}
-	for _, tc := range []struct {
-		name  string
-		state *engine.RunState
-		want  recovery.Decision
-	}{
-		{"finished", state(engine.StatusSucceeded, 3, false, nil, nil), recovery.Decision{Action: recovery.Done, Reason: "run finished"}},
-		{"failed", state(engine.StatusFailed, 3, false, nil, nil), recovery.Decision{Action: recovery.Done, Reason: "run finished"}},
-		{"newer claim", state(engine.StatusRunning, 4, true, at(time.Second), nil), recovery.Decision{Action: recovery.Done, Reason: "lease replaced by a newer claim"}},
-		{"live lease", state(engine.StatusRunning, 3, true, at(5*time.Second), nil), recovery.Decision{Action: recovery.Wait, Until: now.Add(5 * time.Second), Reason: "lease is live"}},
-		{"retry not due", state(engine.StatusPending, 3, false, nil, at(time.Minute)), recovery.Decision{Action: recovery.Wait, Until: now.Add(time.Minute), Reason: "retry not yet due"}},
-		{"expired lease", state(engine.StatusRunning, 3, false, at(-time.Second), nil), recovery.Decision{Action: recovery.TakeOver, Reason: "lease absent or expired"}},
-		{"retry due", state(engine.StatusPending, 3, false, nil, at(-time.Millisecond)), recovery.Decision{Action: recovery.TakeOver, Reason: "lease absent or expired"}},
-		{"never claimed", state(engine.StatusPending, 3, false, nil, nil), recovery.Decision{Action: recovery.TakeOver, Reason: "lease absent or expired"}},
-	} {
-		require.Equal(t, tc.want, recovery.Decide(tc.state, 3), tc.name)
+}
+
+func (finishes) Phase(ctx context.Context, _ engine.PhaseInfo) (context.Context, func(error)) {
+	return ctx, func(error) {}
+}
+
+// await waits for n runs to finish, failing after a generous bound.
+func (f finishes) await(t *testing.T, n int) map[string]bool {
+	t.Helper()
+	got := map[string]bool{}
+	for len(got) < n {
+		select {
+		case id := <-f:
+			got[id] = true
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d of %d runs finished", len(got), n)
+		}
 	}
+	return got
+}
+
+// startRecoverer runs a Recoverer until the test ends, stopping it as a
+// worker would: no more polls, the engine shut down, executions awaited.
+func startRecoverer(t *testing.T, c *engine.Client, cfg *recovery.Config) *recovery.Recoverer {
+	t.Helper()
+	r, err := recovery.New(c, cfg)
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	t.Cleanup(func() {
+		r.Stop()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, c.Shutdown(ctx))
+		require.NoError(t, r.Wait(ctx))
+	})
+	return r
+}
+
+func startTx(t *testing.T, pool *pgxpool.Pool, c *engine.Client, workflow string, keys ...string) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for _, key := range keys {
+			if _, err := c.StartTx(ctx, tx, engine.StartParams{Workflow: workflow, IdempotencyKey: key, Input: []byte(`{}`)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+}
+
+func TestRecovererFinishesRunsThatNobodyExecutes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t, nil)
+	workflows := engine.NewWorkflows()
+	_, err := engine.Register(workflows, "noop", func(ctx context.Context, _ struct{}) (int, error) {
+		return engine.Atomic(ctx, "one", func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+	}, nil)
+	require.NoError(t, err)
+	done := finishes(make(chan string, 10))
+	c, err := engine.NewClient(pool, &engine.Config{Workflows: workflows, Hooks: done})
+	require.NoError(t, err)
+
+	// A run created in a transaction, and one whose executor died: its
+	// claim's lease (made by another client) has expired.
+	startTx(t, pool, c, "noop", "created")
+	dead, err := engine.NewClient(pool, &engine.Config{Workflows: workflows, ID: "dead"})
+	require.NoError(t, err)
+	crashed, err := dead.Claim(ctx, engine.StartParams{Workflow: "noop", IdempotencyKey: "crashed", Input: []byte(`{}`)})
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE ratchet.runs SET lease_expires_at = now() WHERE id = $1`, crashed.Run.ID)
+	require.NoError(t, err)
+
+	startRecoverer(t, c, nil)
+	got := done.await(t, 2)
+	require.True(t, got[crashed.Run.ID])
+	run, err := c.Run(ctx, crashed.Run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, run.Status)
+	require.EqualValues(t, 2, run.LeaseToken, "taken over with a new token")
+}
+
+func TestRecovererRunsAtMostMaxExecutionsAndRefillsAsSlotsFree(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t, nil)
+	workflows := engine.NewWorkflows()
+	var (
+		mu            sync.Mutex
+		running, most int
+		release       = make(chan struct{})
+		started       = make(chan struct{}, 10)
+	)
+	_, err := engine.Register(workflows, "held", func(ctx context.Context, _ struct{}) (int, error) {
+		mu.Lock()
+		running++
+		most = max(most, running)
+		mu.Unlock()
+		started <- struct{}{}
+		defer func() {
+			mu.Lock()
+			running--
+			mu.Unlock()
+		}()
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		return 1, nil
+	}, nil)
+	require.NoError(t, err)
+	done := finishes(make(chan string, 10))
+	c, err := engine.NewClient(pool, &engine.Config{Workflows: workflows, Hooks: done})
+	require.NoError(t, err)
+	keys := make([]string, 7)
+	for i := range keys {
+		keys[i] = fmt.Sprint("k", i)
+	}
+	startTx(t, pool, c, "held", keys...)
+
+	// A poll interval longer than the test: after the first poll, only a
+	// freed slot can bring the remaining runs in.
+	startRecoverer(t, c, &recovery.Config{MaxExecutions: 2, PollInterval: time.Minute})
+	for range 2 {
+		<-started
+	}
+	close(release)
+	done.await(t, len(keys))
+	require.Equal(t, 2, most, "never more than MaxExecutions at once")
+}
+
+func TestRecovererConfigIsValidated(t *testing.T) {
+	t.Parallel()
+	c, err := engine.NewClient(testdb.New(t, nil), &engine.Config{Workflows: engine.NewWorkflows()})
+	require.NoError(t, err)
+	for _, cfg := range []recovery.Config{{PollInterval: 2 * time.Minute}, {MaxExecutions: -1}, {ExecutionTimeout: time.Millisecond}} {
+		_, err := recovery.New(c, &cfg)
+		require.Error(t, err, "%+v", cfg)
+	}
+	_, err = recovery.New(nil, nil)
+	require.Error(t, err)
 }
 
 func TestPruneDeletesExpiredFinishedRunsInBatches(t *testing.T) {

@@ -28,8 +28,8 @@ import (
 // an API-like process that executes a run inline. They talk over stdin and
 // stdout in lines:
 //
-//	out: READY | AT <point> <key> | DONE <key> <status or error> | STOPPED
-//	in:  go (release one paused point) | start <key>
+//	out: READY <lease owner id> | AT <point> <key> | DONE <key> <status or error> | STOPPED
+//	in:  go (release one paused point) | start <key> [pause point]
 func TestMain(m *testing.M) { testproc.Main(m, helperMain) }
 
 // startProc starts a helper process with env added and waits for READY.
@@ -50,15 +50,28 @@ func orderInput(key string) []byte {
 	return b
 }
 
-// pauser stops a workflow at named points until told to go on.
+// pauser stops a workflow at named points until told to go on: at the
+// points of PAUSE_AT in every run, and at a run's own point given with its
+// start command.
 type pauser struct {
-	points map[string]bool
+	mu     sync.Mutex
+	points map[string]bool   // every run
+	perKey map[string]string // key → point
 	out    func(string)
 	goOn   chan struct{}
 }
 
+func (p *pauser) pauseAt(key, point string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.perKey[key] = point
+}
+
 func (p *pauser) at(ctx context.Context, point, key string) error {
-	if !p.points[point] {
+	p.mu.Lock()
+	pause := p.points[point] || p.perKey[key] == point
+	p.mu.Unlock()
+	if !pause {
 		return nil
 	}
 	p.out(fmt.Sprintf("AT %s %s", point, key))
@@ -144,7 +157,7 @@ func helperMain() error {
 	}
 	defer pool.Close()
 
-	p := &pauser{points: map[string]bool{}, out: out, goOn: make(chan struct{})}
+	p := &pauser{points: map[string]bool{}, perKey: map[string]string{}, out: out, goOn: make(chan struct{})}
 	for _, point := range strings.Split(os.Getenv("PAUSE_AT"), ",") {
 		if point != "" {
 			p.points[point] = true
@@ -156,18 +169,17 @@ func helperMain() error {
 	}
 	staleAfter := durationEnv("STALE_AFTER", 2*time.Second)
 	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	// The worker as a service deploys it: the engine's heartbeat and the
+	// recoverer's poll at their defaults.
 	w, err := worker.New(pool, &worker.Config{
 		Engine: engine.Config{
-			Workflows: workflows, StaleAfter: staleAfter, HeartbeatInterval: staleAfter / 4,
+			Workflows: workflows, StaleAfter: staleAfter,
 			StepPolicy:   steps.Policy{InitialInterval: 10 * time.Millisecond, MaxAttempts: 3},
 			RetryBackoff: func(int) time.Duration { return 100 * time.Millisecond },
 		},
-		InsertOnly:        os.Getenv("INSERT_ONLY") != "",
-		FetchPollInterval: 50 * time.Millisecond,
-		SweepInterval:     time.Second,
-		StuckLookAfter:    2 * time.Second,
-		ShutdownGrace:     durationEnv("GRACE", 5*time.Second),
-		Logger:            logger,
+		InsertOnly:    os.Getenv("INSERT_ONLY") != "",
+		ShutdownGrace: durationEnv("GRACE", 5*time.Second),
+		Logger:        logger,
 	})
 	if err != nil {
 		return err
@@ -191,14 +203,21 @@ func helperMain() error {
 		sc := bufio.NewScanner(os.Stdin)
 		for sc.Scan() {
 			switch cmd, arg, _ := strings.Cut(sc.Text(), " "); cmd {
-			case "go":
-				p.goOn <- struct{}{}
-			case "start":
-				go start(arg)
+			case "go": // to a paused point, if one is (still) paused
+				select {
+				case p.goOn <- struct{}{}:
+				default:
+				}
+			case "start": // start <key> [point]
+				key, point, _ := strings.Cut(arg, " ")
+				if point != "" {
+					p.pauseAt(key, point)
+				}
+				go start(key)
 			}
 		}
 	}()
-	out("READY")
+	out("READY " + w.Engine().ID())
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)

@@ -70,6 +70,26 @@ func (b *testBundle) awaitFinished(t *testing.T, timeout time.Duration, keys ...
 	return seen
 }
 
+// watchFinished is awaitFinished begun now, on a goroutine of its own, so
+// that the test can go on; the returned function waits for its result.
+func (b *testBundle) watchFinished(timeout time.Duration, keys ...string) func(t *testing.T) map[string]time.Time {
+	type result struct {
+		seen map[string]time.Time
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		seen, err := b.pollFinished(timeout, keys...)
+		done <- result{seen, err}
+	}()
+	return func(t *testing.T) map[string]time.Time {
+		t.Helper()
+		r := <-done
+		require.NoError(t, r.err)
+		return r.seen
+	}
+}
+
 // pollFinished is awaitFinished for any goroutine.
 func (b *testBundle) pollFinished(timeout time.Duration, keys ...string) (map[string]time.Time, error) {
 	seen := map[string]time.Time{}

@@ -49,16 +49,6 @@ func TestResumedRunInAnotherProcessLinksToTheRequestTrace(t *testing.T) {
 		linked = linked || l.SpanContext.TraceID().String() == traceID
 	}
 	require.True(t, linked, "and links to the request's: %+v", run.Links())
-	require.Equal(t, "river.work/ratchet.resume", spanName(t, spans, run.Parent().SpanID().String()), "inside the River job's span")
+	require.False(t, run.Parent().IsValid(), "a root span: the run was found in the runs table, not handed over by a job")
 	b.requireExactlyOnce(t, "traced")
-}
-
-func spanName(t *testing.T, spans *tracetest.SpanRecorder, spanID string) string {
-	t.Helper()
-	for _, s := range spans.Ended() {
-		if s.SpanContext().SpanID().String() == spanID {
-			return s.Name()
-		}
-	}
-	return ""
 }

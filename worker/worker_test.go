@@ -20,7 +20,7 @@ func startWorker(t *testing.T, b *testBundle, workflows *engine.Workflows, cfg *
 		cfg = &worker.Config{}
 	}
 	cfg.Engine.Workflows = workflows
-	cfg.FetchPollInterval = 20 * time.Millisecond
+	cfg.PollInterval = 20 * time.Millisecond
 	w, err := worker.New(b.pool, cfg)
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
@@ -62,7 +62,7 @@ func TestRetryableFailureIsRetriedAtNextAttempt(t *testing.T) {
 	require.Less(t, run.FinishedAt.Sub(nextAttempt), 2*time.Second, "and promptly after it")
 }
 
-func TestSweepSchedulesRunsThatHaveNoLook(t *testing.T) {
+func TestRunsOfAClientWithoutAWorkerAreFoundAndFinished(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	workflows := engine.NewWorkflows()
@@ -71,8 +71,8 @@ func TestSweepSchedulesRunsThatHaveNoLook(t *testing.T) {
 	}, nil)
 	require.NoError(t, err)
 
-	// A client without a scheduler (no worker in its process) leaves runs
-	// that nothing will look at.
+	// A bare engine client, in a process with no worker: its runs are
+	// found from the runs table alone.
 	bare, err := engine.NewClient(b.pool, &engine.Config{Workflows: workflows})
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(context.Background())
@@ -81,37 +81,34 @@ func TestSweepSchedulesRunsThatHaveNoLook(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(context.Background()))
 
-	w, err := worker.New(b.pool, &worker.Config{Engine: engine.Config{Workflows: workflows}})
-	require.NoError(t, err)
-	n, err := w.Sweep(context.Background())
-	require.NoError(t, err)
-	require.Equal(t, 1, n)
-	n, err = w.Sweep(context.Background())
-	require.NoError(t, err)
-	require.Zero(t, n, "a run with a scheduled look is left alone")
-
 	startWorker(t, b, workflows, nil)
 	b.awaitFinished(t, 30*time.Second, "orphan")
 }
 
-func TestInsertOnlyWorkerSchedulesButWorksNothing(t *testing.T) {
+func TestNoRiverJobIsInsertedForARun(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	workflows := engine.NewWorkflows()
-	_, err := engine.Register(workflows, "noop", func(ctx context.Context, _ struct{}) (int, error) { return 1, nil }, nil)
+	_, err := engine.Register(workflows, "noop", func(ctx context.Context, _ struct{}) (int, error) {
+		return engine.Atomic(ctx, "one", func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+	}, nil)
 	require.NoError(t, err)
-	w := startWorker(t, b, workflows, &worker.Config{InsertOnly: true})
+	w := startWorker(t, b, workflows, nil)
+	ctx := context.Background()
 
-	tx, err := b.pool.Begin(context.Background())
-	require.NoError(t, err)
-	res, err := w.Engine().StartTx(context.Background(), tx, engine.StartParams{Workflow: "noop", IdempotencyKey: "k", Input: []byte(`{}`)})
-	require.NoError(t, err)
-	require.NoError(t, tx.Commit(context.Background()))
-
+	for _, key := range []string{"a", "b", "c"} {
+		res, err := w.Engine().Start(ctx, engine.StartParams{Workflow: "noop", IdempotencyKey: key, Input: []byte(`{}`)})
+		require.NoError(t, err)
+		require.Equal(t, engine.StatusSucceeded, res.Run.Status)
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := w.Engine().StartTx(ctx, tx, engine.StartParams{Workflow: "noop", IdempotencyKey: "later", Input: []byte(`{}`)})
+		return err
+	}))
 	var jobs int
-	require.NoError(t, b.pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM ratchet.river_job WHERE kind = 'ratchet.resume' AND args->>'run_id' = $1 AND state = 'available'`, res.Run.ID).Scan(&jobs))
-	require.Equal(t, 1, jobs, "the claim scheduled a look, which waits for a worker")
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM ratchet.river_job WHERE kind <> $1`, worker.KindPrune).Scan(&jobs))
+	require.Zero(t, jobs, "runs cost no River job, inline or created unleased")
+	b.awaitFinished(t, 30*time.Second, "later")
 }
 
 func TestConfigIsValidated(t *testing.T) {
@@ -119,6 +116,17 @@ func TestConfigIsValidated(t *testing.T) {
 	b := setup(t)
 	_, err := worker.New(b.pool, &worker.Config{})
 	require.ErrorContains(t, err, "Workflows is required")
-	_, err = worker.New(b.pool, &worker.Config{Engine: engine.Config{Workflows: engine.NewWorkflows()}, FetchPollInterval: time.Microsecond})
-	require.ErrorContains(t, err, "FetchPollInterval")
+	workflows := engine.NewWorkflows()
+	for _, tc := range []struct {
+		cfg  worker.Config
+		want string
+	}{
+		{worker.Config{FetchPollInterval: time.Microsecond}, "FetchPollInterval"},
+		{worker.Config{PollInterval: time.Hour}, "PollInterval"},
+		{worker.Config{JobTimeout: time.Minute, RescueStuckJobsAfter: time.Second}, "RescueStuckJobsAfter"},
+	} {
+		tc.cfg.Engine.Workflows = workflows
+		_, err = worker.New(b.pool, &tc.cfg)
+		require.ErrorContains(t, err, tc.want)
+	}
 }

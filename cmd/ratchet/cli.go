@@ -20,7 +20,7 @@ const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=
 type cli struct {
 	Dev     devCmd     `cmd:"" help:"Zero-configuration demo: find or start Postgres, migrate, run the API, a worker, the payment example and the fakes in one process."`
 	Serve   serveCmd   `cmd:"" help:"Run the API and a worker (--no-worker: the API only)."`
-	Worker  workerCmd  `cmd:"" help:"Run a worker only: resume crashed runs, retry, sweep, prune, deliver receipts."`
+	Worker  workerCmd  `cmd:"" help:"Run a worker only: resume crashed and retried runs, prune, deliver receipts."`
 	Migrate migrateCmd `cmd:"" help:"Apply Ratchet's and River's migrations to the database."`
 	Fakes   fakesCmd   `cmd:"" help:"Run the fake payment gateway and mail service as their own process."`
 }

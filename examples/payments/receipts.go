@@ -41,7 +41,11 @@ type receiptWorker struct {
 	p *Payments
 }
 
-func (w *receiptWorker) Timeout(*river.Job[ReceiptArgs]) time.Duration { return 30 * time.Second }
+// Timeout bounds one delivery attempt. It also sets how soon a delivery
+// that died with its process is retried: River rescues a job only once its
+// timeout has passed (and the worker's RescueStuckJobsAfter), so a short
+// one keeps the worst case under a minute (docs/recovery.md).
+func (w *receiptWorker) Timeout(*river.Job[ReceiptArgs]) time.Duration { return 10 * time.Second }
 
 // Work sends the receipt and records the delivery. A crash between the two
 // resends it, with the same message id: the mail service in this example

@@ -1,0 +1,91 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// claimDueSQL takes over up to $1 due runs of the workflows this client
+// knows ($4), the longest due first, for owner $2 with a lease of $3.
+//
+// due_at is derived by the database from the lease and the backoff (see
+// migration 0003), so "due" means exactly what Resume's takeover checks:
+// unfinished, lease absent or expired, backoff over. SKIP LOCKED lets every
+// process poll at once without queueing behind one another or behind an
+// executor inside a phase; a row locked here is re-checked against its
+// latest version, so a run claimed meanwhile by anyone is not taken twice.
+const claimDueSQL = `
+WITH due AS (
+	SELECT id FROM ratchet.runs
+	WHERE due_at <= now() AND workflow = ANY($4)
+	ORDER BY due_at
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED)
+UPDATE ratchet.runs SET
+	lease_owner = $2,
+	lease_token = lease_token + 1,
+	lease_expires_at = now() + $3::interval,
+	attempt = attempt + 1,
+	status = 'running',
+	next_attempt_at = NULL,
+	updated_at = now()
+WHERE id IN (SELECT id FROM due)
+RETURNING ` + runColumns
+
+// ClaimDue takes over, with new lease tokens, up to limit runs that are due:
+// unfinished, with no live lease, and past any backoff. Only runs of
+// workflows registered with this client are claimed. Once Shutdown has
+// begun it claims nothing and returns ErrShutdown.
+//
+// Each returned run is leased to this client and must be passed to
+// Continue; a run that is not is taken over by someone else once its lease
+// expires. One call is one statement.
+func (c *Client) ClaimDue(ctx context.Context, limit int) ([]*Run, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("engine: ClaimDue limit %d is less than 1", limit)
+	}
+	c.mu.Lock()
+	draining := c.draining
+	c.mu.Unlock()
+	if draining {
+		return nil, ErrShutdown
+	}
+	rows, err := c.pool.Query(ctx, claimDueSQL, limit, c.cfg.ID, c.cfg.StaleAfter, c.workflows.Names())
+	if err != nil {
+		return nil, fmt.Errorf("engine: claim due runs: %w", err)
+	}
+	runs, err := pgx.CollectRows(rows, pgx.RowToAddrOfStructByName[Run])
+	if err != nil {
+		return nil, fmt.Errorf("engine: claim due runs: %w", err)
+	}
+	for _, run := range runs {
+		c.countTakeover(ctx, run)
+	}
+	return runs, nil
+}
+
+// Continue executes a run that ClaimDue claimed for this client, from its
+// recovery point until it concludes, and returns the run as the execution
+// left it. Once Shutdown has begun it executes nothing: it hands the run
+// over at once, so that another process continues it without waiting for
+// the lease to expire, and returns ErrShutdown.
+func (c *Client) Continue(ctx context.Context, run *Run) (*Run, error) {
+	if !c.holds(run) {
+		return nil, errors.New("engine: Continue needs a run claimed by this client's ClaimDue")
+	}
+	done, draining := c.admit()
+	defer done()
+	if draining {
+		return c.handOver(ctx, run)
+	}
+	return c.continueRun(ctx, run)
+}
+
+// holds reports whether run, as claimed, names this client as its lease
+// owner.
+func (c *Client) holds(run *Run) bool {
+	return run != nil && run.LeaseOwner != nil && *run.LeaseOwner == c.cfg.ID
+}
