@@ -3,11 +3,8 @@ package engine_test
 import (
 	"context"
 	"fmt"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,23 +13,12 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/internal/bench"
 	"github.com/ratchet-run/ratchet/internal/testdb"
-	"github.com/ratchet-run/ratchet/worker"
 )
 
 // benchConcurrency is the number of callers driving the database at once.
 const benchConcurrency = 16
-
-// statementCounter counts statements sent to the server: each is one round
-// trip, since the engine does not pipeline.
-type statementCounter struct{ n atomic.Int64 }
-
-func (s *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	s.n.Add(1)
-	return ctx
-}
-
-func (s *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func benchPool(b *testing.B, tracer pgx.QueryTracer) *pgxpool.Pool {
 	b.Helper()
@@ -50,63 +36,34 @@ func benchPool(b *testing.B, tracer pgx.QueryTracer) *pgxpool.Pool {
 // and reports throughput and latency percentiles. It returns ops/s.
 func drive(b *testing.B, op func(ctx context.Context, i int) error) float64 {
 	b.Helper()
-	latencies := make([]time.Duration, b.N)
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	var failed atomic.Value
 	b.ResetTimer()
-	start := time.Now()
-	for range benchConcurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= b.N {
-					return
-				}
-				t0 := time.Now()
-				if err := op(context.Background(), i); err != nil {
-					failed.Store(err)
-					return
-				}
-				latencies[i] = time.Since(t0)
-			}
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
+	res, err := bench.Drive(context.Background(), benchConcurrency, b.N, 0, op)
 	b.StopTimer()
-	if err, ok := failed.Load().(error); ok {
-		b.Fatal(err)
-	}
-	slices.Sort(latencies)
-	rate := float64(b.N) / elapsed.Seconds()
-	b.ReportMetric(rate, "ops/s")
-	b.ReportMetric(float64(latencies[b.N/2].Microseconds())/1000, "p50-ms")
-	b.ReportMetric(float64(latencies[b.N*99/100].Microseconds())/1000, "p99-ms")
-	return rate
+	require.NoError(b, err)
+	b.ReportMetric(res.Rate(), "ops/s")
+	b.ReportMetric(float64(res.P50.Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(res.P99.Microseconds())/1000, "p99-ms")
+	return res.Rate()
 }
 
 // BenchmarkPhases runs a no-op three-phase workflow; each op is one run.
 // The bare sub-benchmark measures, on the same server and concurrency, a
 // transaction doing one INSERT and one UPDATE: the physical ceiling of a
-// durable phase commit.
+// durable phase commit. (`ratchet bench` compares the engine with and
+// without a worker in its process.)
 //
 //	go test -run '^$' -bench Phases -benchtime 5000x ./engine/
 func BenchmarkPhases(b *testing.B) {
-	b.Run("workflow=noop3", func(b *testing.B) { benchNoop3(b, false, false) })
-	b.Run("workflow=noop3,traced", func(b *testing.B) { benchNoop3(b, false, true) })
-	b.Run("workflow=noop3,scheduled", func(b *testing.B) { benchNoop3(b, true, false) })
+	b.Run("workflow=noop3", func(b *testing.B) { benchNoop3(b, false) })
+	b.Run("workflow=noop3,traced", func(b *testing.B) { benchNoop3(b, true) })
 	b.Run("bare=insert+update", benchBare)
 }
 
-// benchNoop3 runs the no-op three-phase workflow; scheduled adds what a
-// process with a worker pays: the River look inserted with each claim;
-// traced records every span and metric with the SDK (exporting nowhere),
-// against the default no-op instrumentation.
-func benchNoop3(b *testing.B, scheduled, traced bool) {
-	counter := &statementCounter{}
+// benchNoop3 runs the no-op three-phase workflow; traced records every
+// span and metric with the SDK (exporting nowhere), against the default
+// no-op instrumentation.
+func benchNoop3(b *testing.B, traced bool) {
+	counter := &bench.Counter{}
 	pool := benchPool(b, counter)
 	workflows := engine.NewWorkflows()
 	noop := func(context.Context, pgx.Tx) (struct{}, error) { return struct{}{}, nil }
@@ -124,15 +81,8 @@ func benchNoop3(b *testing.B, scheduled, traced bool) {
 		cfg.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
 		cfg.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	}
-	var c *engine.Client
-	if scheduled {
-		w, err := worker.New(pool, &worker.Config{InsertOnly: true, Engine: cfg})
-		require.NoError(b, err)
-		c = w.Engine()
-	} else {
-		c, err = engine.NewClient(pool, &cfg)
-		require.NoError(b, err)
-	}
+	c, err := engine.NewClient(pool, &cfg)
+	require.NoError(b, err)
 
 	// Round trips inside phases, counted by hooks on one run by itself.
 	probe := &phaseTripCounter{counter: counter}
@@ -141,7 +91,7 @@ func benchNoop3(b *testing.B, scheduled, traced bool) {
 	_, err = probeClient.Start(context.Background(), engine.StartParams{Workflow: "noop3", IdempotencyKey: "probe", Input: []byte(`{}`)})
 	require.NoError(b, err)
 
-	counter.n.Store(0)
+	before := counter.Read()
 	runsPerSec := drive(b, func(ctx context.Context, i int) error {
 		res, err := c.Start(ctx, engine.StartParams{Workflow: "noop3", IdempotencyKey: fmt.Sprint("run-", i), Input: []byte(`{}`)})
 		if err == nil && res.Run.Status != engine.StatusSucceeded {
@@ -150,13 +100,14 @@ func benchNoop3(b *testing.B, scheduled, traced bool) {
 		return err
 	})
 	b.ReportMetric(3*runsPerSec, "phases/s")
-	b.ReportMetric(float64(counter.n.Load())/float64(b.N), "roundtrips/run")
+	b.ReportMetric(float64(counter.Read().Sub(before).Statements)/float64(b.N), "roundtrips/run")
+	b.ReportMetric(float64(counter.Read().Sub(before).Commits)/float64(b.N), "commits/run")
 	b.ReportMetric(float64(probe.trips.Load())/3, "roundtrips/phase")
 }
 
 // phaseTripCounter counts the statements sent while phases run.
 type phaseTripCounter struct {
-	counter *statementCounter
+	counter *bench.Counter
 	trips   atomic.Int64
 }
 
@@ -165,8 +116,8 @@ func (h *phaseTripCounter) Run(ctx context.Context, _ engine.RunInfo) (context.C
 }
 
 func (h *phaseTripCounter) Phase(ctx context.Context, _ engine.PhaseInfo) (context.Context, func(error)) {
-	before := h.counter.n.Load()
-	return ctx, func(error) { h.trips.Add(h.counter.n.Load() - before) }
+	before := h.counter.Read().Statements
+	return ctx, func(error) { h.trips.Add(h.counter.Read().Statements - before) }
 }
 
 // benchBare is the ceiling: a transaction of one INSERT and one UPDATE.

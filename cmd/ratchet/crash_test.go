@@ -99,9 +99,10 @@ func postPayment(client *http.Client, base, key string) payResult {
 	return payResult{status: resp.StatusCode}
 }
 
-// TestCrashMatrix kills the API process executing payments at every phase
-// boundary and in the middle of the charge, while its clients retry with
-// the same key — ten retries each, at once — against a second process. Every
+// TestCrashMatrix kills the service process (API and worker, as deployed)
+// executing payments at every phase boundary and in the middle of the
+// charge, while its clients retry with the same key — ten retries each, at
+// once — against a second process. Every
 // payment must end succeeded, charged once, posted once (two ledger rows
 // summing to zero) and receipted once.
 func TestCrashMatrix(t *testing.T) {
@@ -138,7 +139,7 @@ func TestCrashMatrix(t *testing.T) {
 		if point != "mid-charge" {
 			victimEnv = append(victimEnv, "RATCHET_CRASH_AT="+point)
 		}
-		victim := startService(t, bin, victimEnv, "serve", "--no-worker", "--addr", "127.0.0.1:0")
+		victim := startService(t, bin, victimEnv, "serve", "--addr", "127.0.0.1:0") // as deployed: API and worker
 		if point == "mid-charge" {
 			midCharge.Store(victim.cmd.Process)
 		}

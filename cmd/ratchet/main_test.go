@@ -205,3 +205,25 @@ func TestDevPrintsSpansWithTraceStdout(t *testing.T) {
 		require.Contains(t, out, `"Name":"`+span+`"`)
 	}
 }
+
+func TestBenchComparesBothEnginesInAScratchDatabaseItDrops(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewURL(t) // the server's databases are listed through it
+	code, out, errOut := runMain(t, "bench", "--database-url", url, "--runs", "30", "--rounds", "2", "--phases", "1,2", "--sustained", "0", "--warm-up", "0")
+	require.Equal(t, 0, code, errOut)
+	for _, row := range []string{`(?m)^\s+1\s+plain\s+\d+`, `(?m)^\s+1\s+worker\s+\d+.*\d\.\d{3} \(\d\.\d{2}–\d\.\d{2}\)\s*$`, `(?m)^\s+2\s+worker\s+`} {
+		require.Regexp(t, row, out)
+	}
+	require.Regexp(t, `(?m)^\s+1\s+plain\s+\d+\s+\S+\s+\S+\s+5\.00\s+3\.00\s`, out, "a 1-phase run is 5 round trips and 3 commits")
+	scratch := regexp.MustCompile(`ratchet_bench_[0-9a-z]+`).FindString(errOut)
+	require.NotEmpty(t, scratch, errOut)
+
+	pool := testdb.Connect(t, url, nil)
+	var left int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_database WHERE datname = $1`, scratch).Scan(&left))
+	require.Zero(t, left, "the scratch database is dropped")
+
+	code, _, errOut = runMain(t, "bench", "--database-url", url, "--phases", "0")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "--phases 0")
+}
