@@ -9,11 +9,13 @@ import (
 )
 
 // claimDueSQL takes over up to $1 due runs of the workflows this client
-// knows ($4), the longest due first, for owner $2 with a lease of $3.
+// knows ($4), the longest due first, for owner $2 with a lease of $3
+// (takeOverSet, as Resume's takeover).
 //
 // due_at is derived by the database from the lease and the backoff (see
-// migration 0003), so "due" means exactly what Resume's takeover checks:
-// unfinished, lease absent or expired, backoff over. SKIP LOCKED lets every
+// migration 0003): a run is due when it is unfinished, its lease absent or
+// expired and its backoff over. (Resume, asked for one run, does not wait
+// for the backoff.) SKIP LOCKED lets every
 // process poll at once without queueing behind one another or behind an
 // executor inside a phase; a row locked here is re-checked against its
 // latest version, so a run claimed meanwhile by anyone is not taken twice.
@@ -24,14 +26,7 @@ WITH due AS (
 	ORDER BY due_at
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED)
-UPDATE ratchet.runs SET
-	lease_owner = $2,
-	lease_token = lease_token + 1,
-	lease_expires_at = now() + $3::interval,
-	attempt = attempt + 1,
-	status = 'running',
-	next_attempt_at = NULL,
-	updated_at = now()
+UPDATE ratchet.runs SET ` + takeOverSet + `
 WHERE id IN (SELECT id FROM due)
 RETURNING ` + runColumns
 

@@ -108,26 +108,6 @@ const leaseColumns = `coalesce(lease_expires_at > now(), false) AS lease_live, n
 
 const getRunSQL = `SELECT ` + runColumns + `, ` + leaseColumns + ` FROM ratchet.runs WHERE id = $1`
 
-// RunState is a run together with the database's clock when it was read,
-// for decisions about its lease.
-type RunState struct {
-	Run
-	// LeaseLive is true while a lease is held and unexpired.
-	LeaseLive bool
-	// Now is the database's clock at the read.
-	Now time.Time
-}
-
-// Inspect returns the run with the given id and the database's clock, or
-// ErrRunNotFound.
-func (c *Client) Inspect(ctx context.Context, id string) (*RunState, error) {
-	lr, err := getRun(ctx, c.pool, id)
-	if err != nil {
-		return nil, err
-	}
-	return &RunState{Run: lr.Run, LeaseLive: lr.LeaseLive, Now: lr.DBNow}, nil
-}
-
 // Run returns the run with the given id, or ErrRunNotFound.
 func (c *Client) Run(ctx context.Context, id string) (*Run, error) {
 	lr, err := getRun(ctx, c.pool, id)

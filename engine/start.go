@@ -258,18 +258,22 @@ func (c *Client) lookupKey(ctx context.Context, db dbtx, tenant, key string) (*l
 	return lr, err
 }
 
-// takeOverSQL claims an unfinished run whose lease is absent or expired,
-// with a new token. The row lock makes concurrent takeovers, heartbeats and
-// phase commits serialise: exactly one claimant wins.
-const takeOverSQL = `
-UPDATE ratchet.runs SET
+// takeOverSet is what every takeover writes: a lease for owner $2 lasting
+// $3, with a new token, and a new attempt.
+const takeOverSet = `
 	lease_owner = $2,
 	lease_token = lease_token + 1,
 	lease_expires_at = now() + $3::interval,
 	attempt = attempt + 1,
 	status = 'running',
 	next_attempt_at = NULL,
-	updated_at = now()
+	updated_at = now()`
+
+// takeOverSQL claims an unfinished run whose lease is absent or expired,
+// with a new token. The row lock makes concurrent takeovers, heartbeats and
+// phase commits serialise: exactly one claimant wins.
+const takeOverSQL = `
+UPDATE ratchet.runs SET ` + takeOverSet + `
 WHERE id = $1
 	AND finished_at IS NULL
 	AND (lease_expires_at IS NULL OR lease_expires_at <= now())

@@ -204,6 +204,14 @@ func recoveryRound(t *testing.T, round int, staleAfter time.Duration) map[string
 	require.Equal(t, "DONE "+key("after-waking")+" succeeded", zombie.Expect("DONE "+key("after-waking")), "the woken process keeps serving")
 	b.requireExactlyOnce(t, append(keys, key("after-waking"))...)
 
+	// The round's survivors are done: they leave, so that the rounds'
+	// processes do not add up to more connections than Postgres allows.
+	for i, p := range fleet {
+		if i != killed {
+			p.Signal(syscall.SIGTERM)
+			require.NoError(t, p.Wait())
+		}
+	}
 	out := map[string][]time.Duration{}
 	for _, tr := range trials {
 		out[tr.kind] = append(out[tr.kind], finished[tr.key].Sub(tr.at))
