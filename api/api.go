@@ -170,8 +170,45 @@ const instrumentation = "github.com/ratchet-run/ratchet/api"
 // count serves a request and counts its response's status.
 func (h *Handler) count(w http.ResponseWriter, r *http.Request) {
 	sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
-	h.mux.ServeHTTP(sw, r)
+	if _, pattern := h.mux.Handler(r); pattern == "" {
+		unrouted(h.mux, sw, r)
+	} else {
+		h.mux.ServeHTTP(sw, r)
+	}
 	h.responses.Add(r.Context(), 1, metric.WithAttributes(attribute.Int("http.response.status_code", sw.status)))
+}
+
+// unrouted answers a request that matches no route as the mux would (404,
+// or 405 with Allow), but as a problem like every other error, not the
+// mux's text/plain.
+func unrouted(mux *http.ServeMux, w http.ResponseWriter, r *http.Request) {
+	answer := &capture{header: http.Header{}}
+	mux.ServeHTTP(answer, r)
+	if allow := answer.header.Get("Allow"); allow != "" {
+		w.Header().Set("Allow", allow)
+	}
+	p := problem{Status: answer.status, Code: "not_found", Title: "No such resource"}
+	if answer.status == http.StatusMethodNotAllowed {
+		p.Code, p.Title, p.Detail = "method_not_allowed", "Method not allowed", "allowed: "+answer.header.Get("Allow")
+	}
+	writeProblem(w, p)
+}
+
+// capture keeps the status and headers of a response and drops its body.
+type capture struct {
+	header http.Header
+	status int
+}
+
+func (c *capture) Header() http.Header { return c.header }
+
+func (c *capture) WriteHeader(status int) { c.status = status }
+
+func (c *capture) Write(b []byte) (int, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	return len(b), nil
 }
 
 type statusWriter struct {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ratchet-run/ratchet/engine"
@@ -30,6 +31,7 @@ const (
 	codeBodyTooLarge     = "body_too_large"
 	codeUnsupportedMedia = "unsupported_media_type"
 	codeInvalidQuery     = "invalid_query"
+	codeInvalidValue     = "invalid_value"
 	codeConflict         = "conflict"
 	codeUnavailable      = "unavailable"
 	codeInternal         = "internal"
@@ -53,34 +55,48 @@ var errorStatuses = []struct {
 	{engine.ErrFinished, http.StatusConflict, "run_finished", "The run has already finished"},
 	{engine.ErrNotFailed, http.StatusConflict, "run_not_failed", "Only a failed run can be resumed"},
 	{engine.ErrShutdown, http.StatusServiceUnavailable, "shutting_down", "The server is shutting down"},
+	{engine.ErrInvalidListParams, http.StatusBadRequest, codeInvalidQuery, "Invalid query"},
 }
 
 // problemFor maps an error to its problem. Serialization failures, deadlocks
-// and unique violations are conflicts the client may retry, never a 5xx.
+// and unique violations are conflicts the client may retry, never a 5xx; a
+// value Postgres refuses is the client's (400); a database that is gone,
+// restarting or refusing connections is unavailable (503), not broken.
 func problemFor(err error) problem {
 	for _, e := range errorStatuses {
 		if errors.Is(err, e.err) {
 			return problem{Status: e.status, Code: e.code, Title: e.title, Detail: err.Error()}
 		}
 	}
+	unavailable := problem{Status: http.StatusServiceUnavailable, Code: codeUnavailable, Title: "The database is unreachable; retry later"}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "40001", "40P01", "23505", "55P03":
+		switch code := pgErr.Code; {
+		case code == pgerrcode.SerializationFailure, code == pgerrcode.DeadlockDetected,
+			code == pgerrcode.UniqueViolation, code == pgerrcode.LockNotAvailable:
 			return problem{Status: http.StatusConflict, Code: codeConflict, Title: "Concurrent update; retry the request"}
+		case pgerrcode.IsDataException(code):
+			return problem{Status: http.StatusBadRequest, Code: codeInvalidValue, Title: "A value the database cannot store", Detail: pgErr.Message}
+		case pgerrcode.IsConnectionException(code), pgerrcode.IsOperatorIntervention(code) && code != pgerrcode.QueryCanceled:
+			return unavailable // 08xxx; 57P01–57P03 (shutdown, crash, starting up)
 		}
 	}
 	var connErr *pgconn.ConnectError
-	if errors.As(err, &connErr) || pgconn.SafeToRetry(err) {
-		return problem{Status: http.StatusServiceUnavailable, Code: codeUnavailable, Title: "The database is unreachable; retry later"}
+	if errors.As(err, &connErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+		return unavailable
 	}
 	return problem{Status: http.StatusInternalServerError, Code: codeInternal, Title: "Internal error"}
 }
 
 // writeProblem sends p. 5xx details stay in the log, never in the response.
+// Every 409 and 503 says when to try again; a second unless the caller set
+// Retry-After already.
 func writeProblem(w http.ResponseWriter, p problem) {
 	if p.Status >= 500 {
 		p.Detail = ""
+	}
+	if (p.Status == http.StatusConflict || p.Status == http.StatusServiceUnavailable) && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", "1")
 	}
 	p.Type = "urn:ratchet:problem:" + p.Code
 	body, _ := json.Marshal(p)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -91,6 +93,9 @@ WHERE run_id = $1 AND error IS NOT NULL
 // stored its answer gives it again. Committed phases are not repeated. A run
 // that has not failed returns ErrNotFailed.
 func (c *Client) Reopen(ctx context.Context, runID string) (*Run, error) {
+	if err := checkRunID(runID); err != nil {
+		return nil, err
+	}
 	var run *Run
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		var status Status
@@ -154,7 +159,15 @@ func (c *Client) ListRuns(ctx context.Context, p ListParams) ([]Run, error) {
 	case p.Limit == 0:
 		p.Limit = 50
 	case p.Limit < 0 || p.Limit > 500:
-		return nil, fmt.Errorf("engine: list limit %d outside 1..500", p.Limit)
+		return nil, fmt.Errorf("%w: limit %d outside 1..500", ErrInvalidListParams, p.Limit)
+	}
+	for _, f := range []struct{ name, value string }{
+		{"tenant", p.Tenant}, {"workflow", p.Workflow}, {"status", string(p.Status)},
+		{"idempotency_key", p.IdempotencyKey}, {"child_key", p.ChildKey}, {"after", p.After},
+	} {
+		if !utf8.ValidString(f.value) || strings.ContainsRune(f.value, 0) {
+			return nil, fmt.Errorf("%w: %s is not valid UTF-8 text without U+0000", ErrInvalidListParams, f.name)
+		}
 	}
 	rows, err := c.pool.Query(ctx, listRunsSQL, p.Tenant, p.Workflow, string(p.Status), p.IdempotencyKey, p.ChildKey, p.After, p.Limit)
 	if err != nil {

@@ -49,6 +49,10 @@ var (
 	// ErrNotFailed means a reopen was asked of a run that has not failed.
 	ErrNotFailed = errors.New("engine: run has not failed")
 
+	// ErrInvalidListParams means a ListRuns filter holds what no run's
+	// column can (invalid UTF-8, U+0000) or is out of range.
+	ErrInvalidListParams = errors.New("engine: invalid list parameters")
+
 	// ErrExecutionTimeout, as the cause of an execution context's end
 	// (context.WithTimeoutCause), stops the execution and releases its run
 	// to be retried after backoff, with error code "execution_timeout",

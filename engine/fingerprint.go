@@ -13,8 +13,12 @@ import (
 // canonicalJSON re-encodes a JSON document so that equal documents are equal
 // bytes: object keys sorted, insignificant whitespace removed, numbers kept
 // exactly as written (1.0 and 1 stay distinct: the engine does not guess
-// what a number means to the workflow).
+// what a number means to the workflow). Documents that decoders may read
+// differently are refused first (checkIJSON).
 func canonicalJSON(raw []byte) ([]byte, error) {
+	if err := checkIJSON(raw); err != nil {
+		return nil, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var v any

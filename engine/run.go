@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/oklog/ulid/v2"
 )
 
 // Status is a run's state.
@@ -117,7 +118,20 @@ func (c *Client) Run(ctx context.Context, id string) (*Run, error) {
 	return &lr.Run, nil
 }
 
+// checkRunID refuses, as not found, an id that no run can have (run ids
+// are ULIDs), before it reaches SQL: a NUL byte or invalid UTF-8 would make
+// Postgres raise an error instead of finding nothing.
+func checkRunID(id string) error {
+	if _, err := ulid.ParseStrict(id); err != nil {
+		return fmt.Errorf("%w: %q", ErrRunNotFound, id)
+	}
+	return nil
+}
+
 func getRun(ctx context.Context, db dbtx, id string) (*leasedRun, error) {
+	if err := checkRunID(id); err != nil {
+		return nil, err
+	}
 	rows, err := db.Query(ctx, getRunSQL, id)
 	if err != nil {
 		return nil, fmt.Errorf("engine: get run: %w", err)
@@ -163,6 +177,9 @@ func (c *Client) Phases(ctx context.Context, runID string) ([]Phase, error) {
 }
 
 func listPhases(ctx context.Context, db dbtx, runID string) ([]Phase, error) {
+	if err := checkRunID(runID); err != nil {
+		return nil, err
+	}
 	rows, err := db.Query(ctx, listPhasesSQL, runID)
 	if err != nil {
 		return nil, fmt.Errorf("engine: list phases: %w", err)

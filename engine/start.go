@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/oklog/ulid/v2"
@@ -232,7 +232,7 @@ func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartP
 		ulid.Make().String(), p.Tenant, p.IdempotencyKey, def.Name(), def.version(), input, fp,
 		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
+	if errors.As(err, &pgErr) && pgerrcode.IsDataException(pgErr.Code) {
 		// A data exception: Postgres refused a value of the input (say, a
 		// number beyond numeric's range) that JSON allows.
 		return nil, false, fmt.Errorf("%w for workflow %q: %s", ErrInvalidInput, def.Name(), pgErr.Message)
@@ -287,6 +287,9 @@ RETURNING ` + runColumns
 // by a live executor returns a *LeaseHeldError. An unknown id returns
 // ErrRunNotFound.
 func (c *Client) Resume(ctx context.Context, runID string) (*Run, error) {
+	if err := checkRunID(runID); err != nil {
+		return nil, err
+	}
 	done, err := c.enter()
 	if err != nil {
 		return nil, err

@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"sort"
 	"sync"
 	"time"
@@ -109,6 +111,15 @@ func (w *Workflow[In, Out]) responseStatus(status Status, err *RunError) *int {
 }
 
 func (w *Workflow[In, Out]) checkInput(input []byte) error {
+	// JSON null decodes into a struct, a number or a string as if nothing
+	// had been sent; only types with a nil of their own take it.
+	if bytes.Equal(input, []byte("null")) {
+		switch reflect.TypeFor[In]().Kind() {
+		case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice:
+		default:
+			return fmt.Errorf("%w for workflow %q: the input is null", ErrInvalidInput, w.name)
+		}
+	}
 	var in In
 	if err := json.Unmarshal(input, &in); err != nil {
 		return fmt.Errorf("%w for workflow %q: %v", ErrInvalidInput, w.name, err)
