@@ -118,7 +118,7 @@ func New(cfg *Config) (*Handler, error) {
 	}
 	h.logger = c.Logger
 	if h.logger == nil {
-		h.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		h.logger = slog.New(slog.DiscardHandler)
 	}
 	for token, tenant := range c.Tokens {
 		if token == "" || tenant == "" {

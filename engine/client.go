@@ -3,7 +3,6 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"strconv"
@@ -93,7 +92,7 @@ func (c *Config) WithDefaults() *Config {
 		out.StepTimeout = 30 * time.Second
 	}
 	if out.Logger == nil {
-		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		out.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &out
 }
@@ -142,7 +141,8 @@ type Client struct {
 	executions  map[*execution]struct{} // executions in progress
 	draining    bool                    // Shutdown has begun
 	handingOver bool                    // Shutdown's grace has ended
-	idle        chan struct{}           // closed when active drops to 0 while draining
+	idle        chan struct{}           // made when draining begins; closed when active drops to 0
+	idleClosed  bool
 }
 
 // NewClient returns a client that uses pool. It does no I/O: the database

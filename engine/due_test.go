@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -333,3 +335,66 @@ func TestExecutionTimeoutReleasesTheRunToBeRetried(t *testing.T) {
 	require.True(t, run.Error.Retryable)
 	require.Equal(t, run.NextAttemptAt, run.DueAt, "due again after the backoff")
 }
+
+func TestShutdownCalledTwiceReturnsBothAndEndsASecondAfterTheGrace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	workflows := engine.NewWorkflows()
+	stuck := make(chan struct{})
+	t.Cleanup(func() { close(stuck) })
+	inPhase := make(chan struct{}, 1)
+	_, err := engine.Register(workflows, "deaf", func(ctx context.Context, _ struct{}) (int, error) {
+		inPhase <- struct{}{}
+		<-stuck // ignores its context: a step without a timeout, say
+		return 0, ctx.Err()
+	}, nil)
+	require.NoError(t, err)
+	c := b.client(t, workflows, nil)
+	go c.Start(context.Background(), engine.StartParams{Workflow: "deaf", IdempotencyKey: "k", Input: []byte(`{}`)}) //nolint:errcheck
+	receive(t, inPhase)
+
+	first := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		first <- c.Shutdown(ctx)
+	}()
+	began := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	second := c.Shutdown(ctx)
+	require.ErrorIs(t, second, context.DeadlineExceeded, "an execution that ignores its context outlasts the hand-over")
+	require.ErrorContains(t, second, "1 calls still executing")
+	require.ErrorIs(t, receive(t, first), context.DeadlineExceeded)
+	require.Less(t, time.Since(began), 300*time.Millisecond+2*time.Second, "bounded by the grace and the hand-over")
+}
+
+func TestASupersededExecutionIsReportedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	workflows := engine.NewWorkflows()
+	_, err := engine.Register(workflows, "taken", func(ctx context.Context, _ struct{}) (int, error) {
+		return engine.Atomic(ctx, "only", func(ctx context.Context, _ pgx.Tx) (int, error) {
+			// Another executor takes the run over meanwhile.
+			_, err := b.pool.Exec(ctx, `UPDATE ratchet.runs SET lease_token = lease_token + 1`)
+			return 1, err
+		})
+	}, nil)
+	require.NoError(t, err)
+	var logs strings.Builder
+	var mu sync.Mutex
+	c := b.client(t, workflows, &engine.Config{Logger: slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))})
+	_, err = c.Start(context.Background(), engine.StartParams{Workflow: "taken", IdempotencyKey: "k", Input: []byte(`{}`)})
+	require.ErrorIs(t, err, engine.ErrLeaseLost)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 1, strings.Count(logs.String(), "superseded"), logs.String())
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

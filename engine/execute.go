@@ -35,6 +35,8 @@ type execution struct {
 	// cancelled, once set, stops the run at the next phase boundary;
 	// stopped records that it did, whatever the workflow then returns.
 	cancelled, stopped bool
+	// superseded records that leaseLost has reported the lease lost.
+	superseded bool
 }
 
 func executionFrom(ctx context.Context) (*execution, error) {
@@ -106,8 +108,7 @@ func (e *panicError) Error() string { return fmt.Sprintf("workflow panicked: %v"
 func (c *Client) conclude(ctx context.Context, ex *execution, output []byte, err error) (*Run, error) {
 	log := c.logger.With(slog.String("run_id", ex.run.ID), slog.Int64("lease_token", ex.run.LeaseToken))
 	if errors.Is(context.Cause(ctx), ErrLeaseLost) {
-		log.WarnContext(ctx, "execution superseded: another executor took over the run")
-		return nil, fmt.Errorf("engine: run %s: %w", ex.run.ID, ErrLeaseLost)
+		return nil, fmt.Errorf("engine: run %s: %w", ex.run.ID, ErrLeaseLost) // leaseLost logged it
 	}
 	if errors.Is(context.Cause(ctx), ErrShutdown) {
 		run, err := c.handOver(ctx, ex.run)
@@ -218,12 +219,20 @@ func (c *Client) retryLater(ctx context.Context, ex *execution, runErr *RunError
 }
 
 // leaseLost records that a fenced write found another token, cancels the
-// execution and returns the error to report.
+// execution and returns the error to report. The first report of an
+// execution is logged and counted; a heartbeat and a commit that both find
+// the lease gone are one supersession.
 func (ex *execution) leaseLost(ctx context.Context) error {
+	ex.mu.Lock()
+	first := !ex.superseded
+	ex.superseded = true
+	ex.mu.Unlock()
 	ex.lose(ErrLeaseLost)
-	ex.c.tel.fencing.Add(ctx, 1, metric.WithAttributes(attrWorkflow.String(ex.run.Workflow)))
-	ex.c.logger.WarnContext(ctx, "execution superseded: another executor took over the run",
-		slog.String("run_id", ex.run.ID), slog.Int64("lease_token", ex.run.LeaseToken))
+	if first {
+		ex.c.tel.fencing.Add(ctx, 1, metric.WithAttributes(attrWorkflow.String(ex.run.Workflow)))
+		ex.c.logger.WarnContext(ctx, "execution superseded: another executor took over the run",
+			slog.String("run_id", ex.run.ID), slog.Int64("lease_token", ex.run.LeaseToken))
+	}
 	return fmt.Errorf("engine: run %s: %w", ex.run.ID, ErrLeaseLost)
 }
 

@@ -36,10 +36,7 @@ func (c *Client) admit() (done func(), draining bool) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.active--
-		if c.active == 0 && c.idle != nil {
-			close(c.idle)
-			c.idle = nil
-		}
+		c.closeIdleIfDone()
 	}, c.draining
 }
 
@@ -59,21 +56,36 @@ func (c *Client) track(ex *execution) (untrack func()) {
 	}
 }
 
+// closeIdleIfDone closes idle once Shutdown has begun and nothing is
+// active. c.mu must be held.
+func (c *Client) closeIdleIfDone() {
+	if c.draining && c.active == 0 && !c.idleClosed {
+		close(c.idle)
+		c.idleClosed = true
+	}
+}
+
+// handOverWait bounds the hand-over after Shutdown's grace: the release
+// statement of each run, and Shutdown's wait for them.
+const handOverWait = time.Second
+
 // Shutdown stops the client from starting or resuming runs and waits for
 // executions in progress to conclude. When ctx ends first (its deadline is
 // the grace period), the remaining executions are stopped at once and hand
 // their runs over: each releases its lease with a new token, which makes
 // the run due now, so another executor continues it without waiting for
-// the lease to go stale. Shutdown returns when every execution has concluded.
+// the lease to go stale. Shutdown returns when every execution has
+// concluded, or at most a second after ctx ends, with an error naming the
+// executions that had not (their runs are resumed once their leases
+// expire). It may be called more than once, from any goroutine.
 func (c *Client) Shutdown(ctx context.Context) error {
 	c.mu.Lock()
-	c.draining = true
-	idle := make(chan struct{})
-	if c.active == 0 {
-		close(idle)
-	} else {
-		c.idle = idle
+	if !c.draining {
+		c.draining = true
+		c.idle = make(chan struct{})
+		c.closeIdleIfDone()
 	}
+	idle := c.idle
 	c.mu.Unlock()
 
 	select {
@@ -88,9 +100,18 @@ func (c *Client) Shutdown(ctx context.Context) error {
 		ex.lose(ErrShutdown)
 	}
 	c.mu.Unlock()
-	c.logger.Info("shutting down: handing over runs still executing", slog.Int("runs", n))
-	<-idle
-	return nil
+	if n > 0 {
+		c.logger.Info("shutting down: handing over runs still executing", slog.Int("runs", n))
+	}
+	select {
+	case <-idle:
+		return nil
+	case <-time.After(handOverWait):
+	}
+	c.mu.Lock()
+	left := c.active
+	c.mu.Unlock()
+	return fmt.Errorf("engine: shutdown: %d calls still executing a second after the grace; their runs resume when their leases expire: %w", left, ctx.Err())
 }
 
 // handOverSQL releases a run held by this client and gives it a new token,
@@ -111,7 +132,7 @@ RETURNING ` + runColumns
 func (c *Client) handOver(ctx context.Context, run *Run) (*Run, error) {
 	// The caller's context may be cancelled; the release gets a moment of
 	// its own.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handOverWait)
 	defer cancel()
 	released, ok, err := queryRun(ctx, c.pool, handOverSQL, run.ID, run.LeaseToken)
 	if err != nil {

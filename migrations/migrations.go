@@ -5,7 +5,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"path"
@@ -66,7 +65,7 @@ func All() ([]Migration, error) {
 
 // discard is the logger of a caller that gave none (River's migrator would
 // otherwise print to stdout).
-var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+var discard = slog.New(slog.DiscardHandler)
 
 // ApplyOpts are options for Apply. A nil *ApplyOpts is valid.
 type ApplyOpts struct {

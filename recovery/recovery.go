@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -55,7 +54,7 @@ func (c *Config) withDefaults() *Config {
 		out.ExecutionTimeout = DefaultExecutionTimeout
 	}
 	if out.Logger == nil {
-		out.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		out.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &out
 }
@@ -137,6 +136,12 @@ func (r *Recoverer) Stop() {
 // Wait returns when every execution this Recoverer started has concluded,
 // or when ctx ends.
 func (r *Recoverer) Wait(ctx context.Context) error {
+	r.mu.Lock()
+	idle := r.inFlight == 0
+	r.mu.Unlock()
+	if idle {
+		return nil
+	}
 	done := make(chan struct{})
 	go func() {
 		r.executions.Wait()
@@ -146,7 +151,7 @@ func (r *Recoverer) Wait(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return fmt.Errorf("recovery: executions still running: %w", ctx.Err())
 	}
 }
 

@@ -230,9 +230,10 @@ func (w *Worker) Start(ctx context.Context) error {
 
 // Stop shuts the process's work down gracefully: it stops looking for due
 // runs, fetching jobs and starting runs, lets executions in progress
-// (inline ones included) run for up to ShutdownGrace, then hands the rest
-// over so that other processes continue them at once. It returns when
-// everything has stopped or ctx ends.
+// (inline ones included) run for up to ShutdownGrace, or until ctx ends if
+// that is sooner, then hands the rest over so that other processes continue
+// them at once. It returns when everything has stopped, or soon after ctx
+// ends with an error saying what had not.
 func (w *Worker) Stop(ctx context.Context) error {
 	riverStopped := make(chan error, 1)
 	if w.cfg.InsertOnly {
@@ -243,22 +244,23 @@ func (w *Worker) Stop(ctx context.Context) error {
 	}
 	grace, cancel := context.WithTimeout(ctx, w.cfg.ShutdownGrace)
 	defer cancel()
-	if err := w.engine.Shutdown(grace); err != nil {
-		return err
-	}
+	errs := []error{w.engine.Shutdown(grace)}
 	if w.recoverer != nil {
 		// Executions claimed as Shutdown began hand their runs over.
-		if err := w.recoverer.Wait(ctx); err != nil {
-			return err
-		}
+		errs = append(errs, w.recoverer.Wait(ctx))
 	}
+	var riverErr error
 	select {
-	case err := <-riverStopped:
-		if err != nil && !errors.Is(err, context.Canceled) {
-			return fmt.Errorf("worker: stop river: %w", err)
-		}
-		return nil
+	case riverErr = <-riverStopped:
 	case <-ctx.Done():
-		return ctx.Err()
+		select {
+		case riverErr = <-riverStopped:
+		default:
+			riverErr = ctx.Err()
+		}
 	}
+	if riverErr != nil && !errors.Is(riverErr, context.Canceled) {
+		errs = append(errs, fmt.Errorf("worker: stop river: %w", riverErr))
+	}
+	return errors.Join(errs...)
 }

@@ -130,3 +130,30 @@ func TestConfigIsValidated(t *testing.T) {
 		require.ErrorContains(t, err, tc.want)
 	}
 }
+
+func TestStopKeepsToItsContextAndSaysWhatDidNotStop(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	workflows := engine.NewWorkflows()
+	stuck := make(chan struct{})
+	t.Cleanup(func() { close(stuck) })
+	inRun := make(chan struct{}, 1)
+	_, err := engine.Register(workflows, "deaf", func(ctx context.Context, _ struct{}) (int, error) {
+		inRun <- struct{}{}
+		<-stuck // ignores its context
+		return 0, ctx.Err()
+	}, nil)
+	require.NoError(t, err)
+	w, err := worker.New(b.pool, &worker.Config{Engine: engine.Config{Workflows: workflows}, ShutdownGrace: 5 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(context.Background()))
+	go w.Engine().Start(context.Background(), engine.StartParams{Workflow: "deaf", IdempotencyKey: "k", Input: []byte(`{}`)}) //nolint:errcheck
+	<-inRun
+
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	err = w.Stop(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "not nil: an execution did not stop")
+	require.Less(t, time.Since(began), 2*time.Second, "the context's 500ms, not the 5s grace, and a second to hand over")
+}
