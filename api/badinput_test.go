@@ -89,7 +89,9 @@ func TestRouterErrorsAreProblems(t *testing.T) {
 
 func TestDatabaseFaultsAreUnavailableAndSayWhenToRetry(t *testing.T) {
 	t.Parallel()
-	pg := func(code string) error { return fmt.Errorf("engine: x: %w", &pgconn.PgError{Code: code, Severity: "FATAL"}) }
+	pg := func(code string) error {
+		return fmt.Errorf("engine: x: %w", &pgconn.PgError{Code: code, Severity: "FATAL"})
+	}
 	for code, status := range map[string]int{
 		"57P01": http.StatusServiceUnavailable, // terminating connection due to administrator command
 		"57P02": http.StatusServiceUnavailable, // crash shutdown
