@@ -181,7 +181,11 @@ func (p *Payments) pay(ctx context.Context, in Input) (Output, error) {
 
 // Setup creates the example's tables if they do not exist.
 func Setup(ctx context.Context, pool *pgxpool.Pool) error {
+	// One message, so one transaction, under a lock: replicas starting
+	// together would otherwise race to create the schema (IF NOT EXISTS
+	// does not make concurrent creations safe).
 	_, err := pool.Exec(ctx, `
+		SELECT pg_advisory_xact_lock(hashtext('payments.setup'));
 		CREATE SCHEMA IF NOT EXISTS payments;
 		CREATE TABLE IF NOT EXISTS payments.payments (
 			id         text        PRIMARY KEY,

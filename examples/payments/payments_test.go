@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -233,4 +234,24 @@ func TestReceiptResentWithSameMessageIDAfterKillBetweenSendAndRecord(t *testing.
 		return b.count(t, `SELECT count(*) FROM payments.receipts WHERE message_id = $1`, first) == 1
 	}, 10*time.Second, 10*time.Millisecond)
 	require.Equal(t, 2, b.mail.Stats().DeliveriesByMessageID[first])
+}
+
+// Replicas started together on a fresh database all set up.
+func TestSetupFromManyProcessesAtOnce(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t, &testdb.Options{MaxConns: 10})
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- payments.Setup(context.Background(), pool)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
 }

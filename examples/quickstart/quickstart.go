@@ -42,7 +42,11 @@ var ErrInsufficientFunds = errors.New("insufficient funds")
 // Setup creates the example's tables if they do not exist, and opens the
 // given accounts with the given balances if they are not open yet.
 func Setup(ctx context.Context, pool *pgxpool.Pool, balances map[string]int64) error {
+	// One message, so one transaction, under a lock: replicas starting
+	// together would otherwise race to create the schema (IF NOT EXISTS
+	// does not make concurrent creations safe).
 	_, err := pool.Exec(ctx, `
+		SELECT pg_advisory_xact_lock(hashtext('quickstart.setup'));
 		CREATE SCHEMA IF NOT EXISTS quickstart;
 		CREATE TABLE IF NOT EXISTS quickstart.accounts (
 			name    text   PRIMARY KEY,
