@@ -82,9 +82,9 @@ func runAtomic[T any](ctx context.Context, ex *execution, seq int, name string, 
 	if err != nil {
 		return zero, err
 	}
-	raw, err := json.Marshal(out)
+	raw, out, err := journaled(name, out)
 	if err != nil {
-		return zero, Permanent("invalid_output", fmt.Errorf("phase %q: encode output: %w", name, err))
+		return zero, err
 	}
 	cancel, err := ex.commitPhase(ctx, tx, phaseRecord{seq: seq, name: name, kind: KindAtomic, output: raw, attempts: 1})
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/steps"
 )
 
 // startUnleased creates a pending, unleased run with StartTx, as a service
@@ -398,3 +399,80 @@ func TestASupersededExecutionIsReportedOnce(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+func TestAStepWhoseCallReturnedIsCommittedEvenWhileHandedOver(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	workflows := engine.NewWorkflows()
+	inCall := make(chan struct{}, 1)
+	_, err := engine.Register(workflows, "pay", func(ctx context.Context, _ struct{}) (string, error) {
+		id, err := engine.Step(ctx, "charged", func(ctx context.Context, _ steps.Key) (string, error) {
+			inCall <- struct{}{}
+			<-ctx.Done()       // the hand-over cancels the execution…
+			return "ch_1", nil // …just as the downstream answers: the charge happened
+		}, nil)
+		if err != nil {
+			return "", err
+		}
+		return engine.Atomic(ctx, "recorded", func(context.Context, pgx.Tx) (string, error) { return id, nil })
+	}, nil)
+	require.NoError(t, err)
+	c := b.client(t, workflows, nil)
+	done := make(chan *engine.StartResult, 1)
+	go func() {
+		res, _ := c.Start(context.Background(), engine.StartParams{Workflow: "pay", IdempotencyKey: "k", Input: []byte(`{}`)})
+		done <- res
+	}()
+	receive(t, inCall)
+	grace, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	require.NoError(t, c.Shutdown(grace))
+	run := receive(t, done).Run
+	require.Equal(t, engine.StatusPending, run.Status, "handed over")
+	require.Equal(t, "charged", run.RecoveryPoint, "with the call's result in the journal: the next executor does not call again")
+	phases, err := c.Phases(context.Background(), run.ID)
+	require.NoError(t, err)
+	require.Len(t, phases, 1)
+	require.JSONEq(t, `"ch_1"`, string(phases[0].Output))
+}
+
+func TestAPhaseReturnsWhatItsReplayWillReturn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	workflows := engine.NewWorkflows()
+	type withPrivate struct {
+		Public  int
+		private int
+	}
+	var (
+		mu   sync.Mutex
+		seen []string
+	)
+	_, err := engine.Register(workflows, "lossy", func(ctx context.Context, _ struct{}) (int, error) {
+		v, err := engine.Atomic(ctx, "made", func(context.Context, pgx.Tx) (withPrivate, error) { return withPrivate{Public: 1, private: 7}, nil })
+		if err != nil {
+			return 0, err
+		}
+		at, err := engine.Step(ctx, "stamped", func(context.Context, steps.Key) (time.Time, error) {
+			return time.Date(2026, 12, 2, 12, 0, 0, 0, time.FixedZone("CET", 3600)), nil
+		}, nil)
+		if err != nil {
+			return 0, err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, fmt.Sprintf("%d %s", v.private, at.Location()))
+		if len(seen) == 1 {
+			return 0, errors.New("fail once, after both phases")
+		}
+		return v.Public, nil
+	}, nil)
+	require.NoError(t, err)
+	c := b.client(t, workflows, &engine.Config{RetryBackoff: func(int) time.Duration { return 0 }})
+	res, err := c.Start(context.Background(), engine.StartParams{Workflow: "lossy", IdempotencyKey: "k", Input: []byte(`{}`)})
+	require.NoError(t, err)
+	_, err = c.Resume(context.Background(), res.Run.ID)
+	require.NoError(t, err)
+	require.Len(t, seen, 2)
+	require.Equal(t, seen[1], seen[0], "the first execution saw what the replay saw")
+}

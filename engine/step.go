@@ -72,6 +72,12 @@ func runStep[T any](ctx context.Context, ex *execution, seq int, name string, ke
 		return err
 	})
 	rec := phaseRecord{seq: seq, name: name, kind: KindStep, childKey: (*string)(&key), attempts: attempts, startedAt: &started}
+	// The call has happened: its result is committed even if the execution
+	// is being stopped meanwhile (a hand-over at shutdown, a caller gone),
+	// so that the next executor does not call again. A superseded
+	// execution's commit is refused by the fence as ever.
+	commitCtx, cancelCommit := context.WithTimeout(context.WithoutCancel(ctx), stepCommitTimeout)
+	defer cancelCommit()
 	if err != nil {
 		var perm *steps.PermanentError
 		if ctx.Err() != nil || steps.Classify(err) != steps.ClassPermanent {
@@ -81,22 +87,42 @@ func runStep[T any](ctx context.Context, ex *execution, seq int, name string, ke
 		if errors.As(err, &perm) && perm.Err != nil {
 			rec.err.Message = perm.Err.Error() // replay re-wraps it with the code
 		}
-		cancel, cerr := ex.commitPhase(ctx, ex.c.pool, rec)
+		cancel, cerr := ex.commitPhase(commitCtx, ex.c.pool, rec)
 		if cerr != nil {
 			return zero, cerr
 		}
 		ex.committed(name, cancel)
 		return zero, err
 	}
-	raw, err := json.Marshal(out)
+	raw, out, err := journaled(name, out)
 	if err != nil {
-		return zero, Permanent("invalid_output", fmt.Errorf("step %q: encode output: %w", name, err))
+		return zero, err
 	}
 	rec.output = raw
-	cancel, err := ex.commitPhase(ctx, ex.c.pool, rec)
+	cancel, err := ex.commitPhase(commitCtx, ex.c.pool, rec)
 	if err != nil {
 		return zero, err
 	}
 	ex.committed(name, cancel)
 	return out, nil
+}
+
+// stepCommitTimeout bounds the commit of a step's result.
+const stepCommitTimeout = 5 * time.Second
+
+// journaled encodes a phase's output for the journal and returns it as a
+// replay will: decoded from those bytes. A value that does not survive the
+// round trip (unexported fields, a time's location name) is therefore the
+// same on the first execution as on every replay.
+func journaled[T any](name string, out T) ([]byte, T, error) {
+	var zero T
+	raw, err := json.Marshal(out)
+	if err != nil {
+		return nil, zero, Permanent("invalid_output", fmt.Errorf("phase %q: encode output: %w", name, err))
+	}
+	var again T
+	if err := json.Unmarshal(raw, &again); err != nil {
+		return nil, zero, Permanent("invalid_output", fmt.Errorf("phase %q: output does not decode from its own JSON: %w", name, err))
+	}
+	return raw, again, nil
 }
