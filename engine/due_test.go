@@ -476,3 +476,44 @@ func TestAPhaseReturnsWhatItsReplayWillReturn(t *testing.T) {
 	require.Len(t, seen, 2)
 	require.Equal(t, seen[1], seen[0], "the first execution saw what the replay saw")
 }
+
+func TestAnExecutionWhoseHeartbeatsFailStopsBeforeItsLeaseMayExpire(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	workflows := engine.NewWorkflows()
+	inCall := make(chan struct{}, 1)
+	calls := 0
+	_, err := engine.Register(workflows, "cut-off", func(ctx context.Context, _ struct{}) (string, error) {
+		return engine.Step(ctx, "called", func(ctx context.Context, _ steps.Key) (string, error) {
+			calls++
+			inCall <- struct{}{}
+			<-ctx.Done() // a slow downstream
+			return "", ctx.Err()
+		}, &engine.StepOpts{Policy: &steps.Policy{MaxAttempts: 1}})
+	}, nil)
+	require.NoError(t, err)
+	const staleAfter = 900 * time.Millisecond
+	c := b.client(t, workflows, &engine.Config{StaleAfter: staleAfter})
+	done := make(chan error, 1)
+	began := time.Now()
+	go func() {
+		_, err := c.Start(ctx, engine.StartParams{Workflow: "cut-off", IdempotencyKey: "k", Input: []byte(`{}`)})
+		done <- err
+	}()
+	receive(t, inCall)
+
+	// A partition between the executor and its database, as the
+	// heartbeat sees it: its statements hang.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `SELECT 1 FROM ratchet.runs FOR UPDATE`)
+	require.NoError(t, err)
+
+	err = receive(t, done)
+	stopped := time.Since(began)
+	require.ErrorIs(t, err, engine.ErrLeaseLost)
+	require.Less(t, stopped, staleAfter, "stopped while the lease was surely still its own")
+	require.Equal(t, 1, calls)
+}

@@ -243,6 +243,13 @@ WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL`
 // heartbeat extends the lease every HeartbeatInterval until the returned
 // stop function is called (which waits for the goroutine to exit). A
 // heartbeat that finds the token changed cancels the execution.
+//
+// Each heartbeat may take at most one interval. When none has succeeded
+// for StaleAfter less one interval (measured from when the last good one
+// was sent, or from the start of the execution, which is after its claim
+// was sent), the lease may be about to expire by the executor's own clock,
+// whatever the database's says: the execution stops, as one superseded
+// does, rather than call downstream while another executor may too.
 func (c *Client) heartbeat(ctx context.Context, ex *execution) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -250,13 +257,23 @@ func (c *Client) heartbeat(ctx context.Context, ex *execution) (stop func()) {
 		defer close(done)
 		ticker := time.NewTicker(c.cfg.HeartbeatInterval)
 		defer ticker.Stop()
+		confirmed := time.Now() // the lease is good until at least confirmed + StaleAfter
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-ticker.C:
 			}
-			tag, err := c.pool.Exec(ctx, heartbeatSQL, ex.run.ID, ex.run.LeaseToken, c.cfg.StaleAfter)
+			if unconfirmed := time.Since(confirmed); unconfirmed >= c.cfg.StaleAfter-c.cfg.HeartbeatInterval {
+				c.logger.WarnContext(ctx, "no heartbeat succeeded for most of the lease: stopping before it may expire",
+					slog.String("run_id", ex.run.ID), slog.Duration("unconfirmed", unconfirmed))
+				ex.lose(fmt.Errorf("%w: no heartbeat confirmed the lease for %s", ErrLeaseLost, unconfirmed.Round(time.Millisecond)))
+				return
+			}
+			sent := time.Now()
+			hctx, hcancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+			tag, err := c.pool.Exec(hctx, heartbeatSQL, ex.run.ID, ex.run.LeaseToken, c.cfg.StaleAfter)
+			hcancel()
 			switch {
 			case ctx.Err() != nil:
 				return
@@ -266,6 +283,8 @@ func (c *Client) heartbeat(ctx context.Context, ex *execution) (stop func()) {
 			case tag.RowsAffected() == 0:
 				ex.leaseLost(ctx) //nolint:errcheck // the cancellation is the report
 				return
+			default:
+				confirmed = sent
 			}
 		}
 	}()
