@@ -194,12 +194,13 @@ func recoveryRound(t *testing.T, round int, staleAfter time.Duration) map[string
 	}
 	finished := b.awaitFinished(t, time.Minute, keys...)
 
-	// The zombie wakes and tries to commit its phase: refused, and it
-	// goes on serving.
+	// The zombie wakes and stops: by its own clock its lease may have
+	// expired (its heartbeats went unconfirmed), or its next fenced write
+	// finds the token changed. Either way it writes nothing (checked
+	// below) and goes on serving.
 	zombie.Signal(syscall.SIGCONT)
 	zombie.Send("go")
 	require.Contains(t, zombie.Expect("DONE "+zk), "lease lost")
-	zombie.AwaitLog("superseded")
 	zombie.Send("start " + key("after-waking"))
 	require.Equal(t, "DONE "+key("after-waking")+" succeeded", zombie.Expect("DONE "+key("after-waking")), "the woken process keeps serving")
 	b.requireExactlyOnce(t, append(keys, key("after-waking"))...)
