@@ -161,14 +161,29 @@ func (ex *execution) commitPhase(ctx context.Context, db dbtx, p phaseRecord) (c
 		return false, ex.breakOff(fmt.Errorf("engine: phase %q: commit journal: %w", p.name, err))
 	case committed:
 		return cancel, nil
-	case refusedForCancel:
-		ex.mu.Lock()
-		ex.cancelled, ex.stopped = true, true
-		ex.mu.Unlock()
-		return false, ErrCancelled
+	case !refusedForCancel:
+		// The statement judged from its snapshot. A cancellation that
+		// committed while this commit waited for the run's row lock is not
+		// in it: ask again, in a statement of its own (only a refused
+		// commit pays for it), before reporting the lease lost.
+		if err := db.QueryRow(ctx, cancelledMeanwhileSQL, ex.run.ID, ex.run.LeaseToken).Scan(&refusedForCancel); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return false, ex.breakOff(fmt.Errorf("engine: phase %q: read refused commit: %w", p.name, err))
+		}
+		if !refusedForCancel {
+			return false, ex.leaseLost(ctx)
+		}
 	}
-	return false, ex.leaseLost(ctx)
+	ex.mu.Lock()
+	ex.cancelled, ex.stopped = true, true
+	ex.mu.Unlock()
+	return false, ErrCancelled
 }
+
+// cancelledMeanwhileSQL says whether the run is still this execution's and
+// a cancellation has been asked of it.
+const cancelledMeanwhileSQL = `
+SELECT lease_token = $2 AND finished_at IS NULL AND cancel_requested_at IS NOT NULL
+FROM ratchet.runs WHERE id = $1`
 
 // enter reserves the next journal position for phase name. It returns the
 // journaled phase when the position is already committed (memo), and fails

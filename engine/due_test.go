@@ -517,3 +517,85 @@ func TestAnExecutionWhoseHeartbeatsFailStopsBeforeItsLeaseMayExpire(t *testing.T
 	require.Less(t, stopped, staleAfter, "stopped while the lease was surely still its own")
 	require.Equal(t, 1, calls)
 }
+
+func TestACancelThatCommitsWhileAPhaseCommitWaitsStopsTheRunAsCancelled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	workflows := engine.NewWorkflows()
+	inPhase, proceed := make(chan struct{}, 1), make(chan struct{})
+	_, err := engine.Register(workflows, "long", func(ctx context.Context, _ struct{}) (int, error) {
+		return engine.Atomic(ctx, "only", func(context.Context, pgx.Tx) (int, error) {
+			inPhase <- struct{}{}
+			<-proceed
+			return 1, nil
+		})
+	}, nil)
+	require.NoError(t, err)
+	var logs strings.Builder
+	var mu sync.Mutex
+	c := b.client(t, workflows, &engine.Config{Logger: slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))})
+	done := make(chan *engine.StartResult, 1)
+	go func() {
+		res, _ := c.Start(ctx, engine.StartParams{Workflow: "long", IdempotencyKey: "k", Input: []byte(`{}`)})
+		done <- res
+	}()
+	receive(t, inPhase)
+
+	// The cancel takes the run's row lock first; the phase's commit
+	// statement queues behind it.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `UPDATE ratchet.runs SET cancel_requested_at = now()`)
+	require.NoError(t, err)
+	close(proceed)
+	require.Eventually(t, func() bool { // an observable state of another session, not a timing guess
+		var waiting bool
+		err := b.pool.QueryRow(ctx, `SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%WITH advanced%'`).Scan(&waiting)
+		return err == nil && waiting
+	}, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, tx.Commit(ctx))
+
+	run := receive(t, done).Run
+	require.Equal(t, engine.StatusCancelled, run.Status, "cancelled at the boundary, not left leased")
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotContains(t, logs.String(), "superseded", "a cancel is not a lost lease")
+}
+
+// What a cancel promises: no phase after it. A run whose workflow returns
+// without reaching another phase boundary finishes as it returned, its
+// cancel_requested_at recording the request that came too late.
+func TestACancelAfterTheLastPhaseLetsTheRunFinishAsItReturns(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	workflows := engine.NewWorkflows()
+	committed, proceed := make(chan struct{}, 1), make(chan struct{})
+	_, err := engine.Register(workflows, "late", func(ctx context.Context, _ struct{}) (int, error) {
+		n, err := engine.Atomic(ctx, "only", func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+		committed <- struct{}{}
+		<-proceed
+		return n, err
+	}, nil)
+	require.NoError(t, err)
+	c := b.client(t, workflows, nil)
+	done := make(chan *engine.StartResult, 1)
+	go func() {
+		res, _ := c.Start(ctx, engine.StartParams{Workflow: "late", IdempotencyKey: "k", Input: []byte(`{}`)})
+		done <- res
+	}()
+	receive(t, committed)
+	requested, err := c.Cancel(ctx, b.runIDForKey(t, "k"))
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusRunning, requested.Status, "held by a live executor: requested, not done")
+	close(proceed)
+	run := receive(t, done).Run
+	require.Equal(t, engine.StatusSucceeded, run.Status)
+	require.NotNil(t, run.CancelRequestedAt)
+}
