@@ -599,3 +599,38 @@ func TestACancelAfterTheLastPhaseLetsTheRunFinishAsItReturns(t *testing.T) {
 	require.Equal(t, engine.StatusSucceeded, run.Status)
 	require.NotNil(t, run.CancelRequestedAt)
 }
+
+func TestMisconfigurationsSayWhatToDo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	workflows := engine.NewWorkflows()
+	_, err := engine.Register(workflows, "idle", func(ctx context.Context, _ struct{}) (int, error) {
+		return engine.Atomic(ctx, "slow", func(context.Context, pgx.Tx) (int, error) {
+			time.Sleep(600 * time.Millisecond) // the mistake under test: slow work inside the transaction
+			return 1, nil
+		})
+	}, nil)
+	require.NoError(t, err)
+	_, err = engine.Register(workflows, "unmigrated", func(ctx context.Context, _ struct{}) (int, error) {
+		return engine.Atomic(ctx, "write", func(ctx context.Context, tx pgx.Tx) (int, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO app.orders VALUES (1)`)
+			return 1, err
+		})
+	}, nil)
+	require.NoError(t, err)
+	c := b.client(t, workflows, &engine.Config{StaleAfter: 300 * time.Millisecond, RetryBackoff: func(int) time.Duration { return time.Hour }})
+
+	res, err := c.Start(ctx, engine.StartParams{Workflow: "idle", IdempotencyKey: "a", Input: []byte(`{}`)})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusPending, res.Run.Status)
+	require.Equal(t, engine.CodePhaseIdleTimeout, res.Run.Error.Code, "%+v", res.Run.Error)
+	require.Contains(t, res.Run.Error.Message, "do slow work")
+	require.Contains(t, res.Run.Error.Message, "300ms")
+
+	res, err = c.Start(ctx, engine.StartParams{Workflow: "unmigrated", IdempotencyKey: "b", Input: []byte(`{}`)})
+	require.NoError(t, err)
+	require.Equal(t, engine.CodeUndefinedTable, res.Run.Error.Code, "%+v", res.Run.Error)
+	require.Contains(t, res.Run.Error.Message, "ratchet migrate")
+	require.True(t, res.Run.Error.Retryable, "an operator may mend it")
+}

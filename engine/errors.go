@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/ratchet-run/ratchet/steps"
 )
 
@@ -117,6 +120,14 @@ const (
 	CodeIndeterminate    = "indeterminate"
 	CodeCancelled        = "cancelled"
 	CodeExecutionTimeout = "execution_timeout"
+	// CodePhaseIdleTimeout: an atomic phase sat idle in its transaction
+	// for longer than StaleAfter, and Postgres ended the session (the
+	// zombie guard, docs/engine.md). Do slow work in a step.
+	CodePhaseIdleTimeout = "phase_idle_timeout"
+	// CodeUndefinedTable: a statement named a table or schema that does
+	// not exist: migrations not applied, or the application's own tables
+	// not created.
+	CodeUndefinedTable = "undefined_table"
 )
 
 // PermanentError marks an error that retrying cannot fix (a declined card, a
@@ -172,6 +183,28 @@ func classify(err error) *RunError {
 		return &RunError{Code: CodeIndeterminate, Message: err.Error(), Retryable: true}
 	}
 	return &RunError{Code: CodeInternal, Message: err.Error(), Retryable: true}
+}
+
+// runError is classify, with what to do added for the Postgres errors that
+// come from a misconfiguration rather than a passing fault: they stay
+// retryable (an operator may mend the cause), but say what happened.
+func (c *Client) runError(err error) *RunError {
+	re := classify(err)
+	var pgErr *pgconn.PgError
+	if re.Code != CodeInternal || !errors.As(err, &pgErr) {
+		return re
+	}
+	switch pgErr.Code {
+	case pgerrcode.IdleInTransactionSessionTimeout:
+		re.Code = CodePhaseIdleTimeout
+		re.Message = fmt.Sprintf("an atomic phase sat idle in its transaction for longer than stale_after (%s) and Postgres ended its session: "+
+			"do slow work (calls, waits) in a step, outside the transaction: %s", c.cfg.StaleAfter, re.Message)
+	case pgerrcode.UndefinedTable, pgerrcode.InvalidSchemaName:
+		re.Code = CodeUndefinedTable
+		re.Message = "a table or schema is missing: apply Ratchet's migrations (ratchet migrate, or migrations.Apply) " +
+			"and create the application's own tables: " + re.Message
+	}
+	return re
 }
 
 // phaseUsageError is a programming error in how a workflow names its phases.

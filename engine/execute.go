@@ -146,11 +146,11 @@ func (c *Client) conclude(ctx context.Context, ex *execution, output []byte, err
 	case fatal != nil:
 		return c.finish(ctx, ex, StatusFailed, nil, classify(fatal))
 	case broken != nil:
-		return c.retryLater(ctx, ex, classify(broken))
+		return c.retryLater(ctx, ex, c.runError(broken))
 	case err == nil:
 		return c.finish(ctx, ex, StatusSucceeded, output, nil)
 	}
-	runErr := classify(err)
+	runErr := c.runError(err)
 	if !runErr.Retryable {
 		return c.finish(ctx, ex, StatusFailed, nil, runErr)
 	}
@@ -212,7 +212,11 @@ func (c *Client) retryLater(ctx context.Context, ex *execution, runErr *RunError
 	if !ok {
 		return nil, ex.leaseLost(ctx)
 	}
-	c.logger.InfoContext(ctx, "run failed retryably; will retry",
+	level := slog.LevelInfo
+	if runErr.Code == CodePhaseIdleTimeout || runErr.Code == CodeUndefinedTable {
+		level = slog.LevelWarn // a misconfiguration: retrying alone will not mend it
+	}
+	c.logger.Log(ctx, level, "run failed retryably; will retry",
 		slog.String("run_id", ex.run.ID), slog.Int("attempt", ex.run.Attempt),
 		slog.Duration("backoff", backoff), slog.String("error", runErr.Message))
 	return run, nil
