@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
@@ -78,6 +79,9 @@ type Handler struct {
 	tokens    []tokenHash
 	logger    *slog.Logger
 	responses metric.Int64Counter
+
+	drainOnce sync.Once
+	draining  chan struct{} // closed by Drain
 }
 
 type tokenHash struct {
@@ -90,7 +94,7 @@ func New(cfg *Config) (*Handler, error) {
 	if cfg == nil || cfg.Engine == nil {
 		return nil, errors.New("api: Config.Engine is required")
 	}
-	h := &Handler{cfg: *cfg, engine: cfg.Engine}
+	h := &Handler{cfg: *cfg, engine: cfg.Engine, draining: make(chan struct{})}
 	c := &h.cfg
 	if c.DefaultWait == 0 {
 		c.DefaultWait = DefaultWait
@@ -361,6 +365,8 @@ func (h *Handler) startRun(w http.ResponseWriter, r *http.Request, tenant string
 			h.writeAccepted(w, run)
 		case <-timer.C:
 			h.writeAccepted(w, run)
+		case <-h.draining:
+			h.writeAccepted(w, run)
 		case <-r.Context().Done():
 		}
 	}
@@ -369,6 +375,15 @@ func (h *Handler) startRun(w http.ResponseWriter, r *http.Request, tenant string
 type execution struct {
 	run *engine.Run
 	err error
+}
+
+// Drain makes every start request that waits for its inline execution, and
+// every later one, answer 202 with the run's Location at once: the first
+// step of a graceful shutdown, before http.Server.Shutdown (which waits for
+// handlers) and the engine's (which hands the executions over). The
+// executions themselves go on until the engine stops them.
+func (h *Handler) Drain() {
+	h.drainOnce.Do(func() { close(h.draining) })
 }
 
 // background runs an execution on a context that outlives the request (it

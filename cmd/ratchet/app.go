@@ -103,10 +103,14 @@ func setUp(ctx context.Context, pool *pgxpool.Pool) error {
 	return quickstart.Setup(ctx, pool, map[string]int64{"alice": 1_000_000, "bob": 0})
 }
 
-// stopApp stops the server (if any) and the worker gracefully.
+// stopApp stops the server (if any) and the worker gracefully: requests
+// waiting for an inline execution are answered 202 at once, the server
+// drains, then the worker's grace runs and hands over what is left. It ends
+// within the worker's grace and a second, whatever the clients asked.
 func stopApp(a *app, srv *http.Server) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	a.handler.Drain()
 	var firstErr error
 	if srv != nil {
 		if err := srv.Shutdown(ctx); err != nil {

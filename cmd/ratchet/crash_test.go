@@ -222,3 +222,79 @@ func TestCrashMatrix(t *testing.T) {
 	t.Logf("%d payments over %d crash points: %d charges, %d ledger rows, %d receipts; gateway saw %d requests",
 		total, len(points), stats.Charges, ledgerRows, m.Deliveries, len(gateway.Requests()))
 }
+
+// TestSIGTERMAnswersWaitingClientsAtOnceAndEndsWithinTheGrace: a client
+// that asked to wait a minute for a payment stuck at a slow gateway gets
+// 202 with the run's Location as soon as the service is told to stop, and
+// the service exits within its worker's grace (5 s) and a second, having
+// handed the run over.
+func TestSIGTERMAnswersWaitingClientsAtOnceAndEndsWithinTheGrace(t *testing.T) {
+	t.Parallel()
+	bin := buildCrashBinary(t)
+	url := testdb.NewURL(t)
+	gateway := fakes.NewGateway(nil)
+	gateway.SetFaults(fakes.Faults{Latency: 8 * time.Second}) // longer than the grace
+	charging := make(chan struct{}, 1)
+	gwSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case charging <- struct{}{}:
+		default:
+		}
+		gateway.ServeHTTP(w, r)
+	}))
+	defer gwSrv.Close()
+	mailSrv := httptest.NewServer(fakes.NewMail(nil))
+	defer mailSrv.Close()
+	svc := startService(t, bin, []string{"DATABASE_URL=" + url, "RATCHET_GATEWAY_URL=" + gwSrv.URL, "RATCHET_MAIL_URL=" + mailSrv.URL},
+		"serve", "--addr", "127.0.0.1:0")
+
+	type answer struct {
+		status   int
+		location string
+		at       time.Time
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, svc.base+"/v1/workflows/payment/runs",
+			strings.NewReader(`{"amount": 1299, "currency": "usd", "customer": "cus_123", "email": "a@example.com"}`))
+		req.Header.Set("Idempotency-Key", "slow-1")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Prefer", "wait=60")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- answer{}
+			return
+		}
+		resp.Body.Close()
+		answered <- answer{status: resp.StatusCode, location: resp.Header.Get("Location"), at: time.Now()}
+	}()
+	select {
+	case <-charging:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the payment never reached the gateway")
+	}
+	require.NoError(t, svc.cmd.Process.Signal(syscall.SIGTERM))
+	term := time.Now()
+
+	a := <-answered
+	require.Equal(t, http.StatusAccepted, a.status)
+	require.True(t, strings.HasPrefix(a.location, "/v1/runs/"), a.location)
+	require.Less(t, a.at.Sub(term), time.Second, "answered at once, not after the minute it asked to wait")
+	select {
+	case <-svc.exited:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the service did not exit")
+	}
+	took := time.Since(term)
+	require.Less(t, took, 6*time.Second+500*time.Millisecond, "within the 5 s grace and a second")
+	require.True(t, svc.cmd.ProcessState.Success(), "a graceful stop exits 0: %s", svc.stderr)
+
+	var status string
+	var leased bool
+	pool := testdb.Connect(t, url, nil)
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT status, lease_expires_at IS NOT NULL FROM ratchet.runs WHERE idempotency_key = 'slow-1'`).Scan(&status, &leased))
+	require.Equal(t, "pending", status)
+	require.False(t, leased, "handed over, not left to its lease")
+	t.Logf("SIGTERM: client answered after %s, service exited after %s", a.at.Sub(term).Round(time.Millisecond), took.Round(time.Millisecond))
+}
