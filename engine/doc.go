@@ -15,7 +15,9 @@
 //   - Every write to a run after its claim is fenced by the lease token.
 //   - A phase's own writes, its journal row and the move of the recovery
 //     point commit together or not at all.
-//   - Lease times are compared with Postgres's clock only.
+//   - Lease times are compared with Postgres's clock only; an executor's
+//     own clock only makes it stop sooner (when its heartbeats go
+//     unconfirmed for most of its lease).
 //   - A run is finished only by an explicit success, a permanent error or a
 //     cancellation; any other failure leaves it resumable.
 //

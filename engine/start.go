@@ -65,7 +65,9 @@ func (o Outcome) String() string {
 type StartResult struct {
 	Outcome Outcome
 	// Run is the run's state after the call: for OutcomeCreated by Start,
-	// as the inline execution left it.
+	// as the inline execution left it — or, when the execution was
+	// abandoned or superseded (Start then returns an error), as it was
+	// claimed; read it again (Client.Run) for its state now.
 	Run *Run
 }
 

@@ -1,5 +1,5 @@
 -- Runs: one row per (tenant, idempotency key). Phases: the checkpoint journal.
--- See docs/data-model.md for the meaning of every column.
+-- docs/engine.md explains the protocol these columns serve.
 
 CREATE TABLE ratchet.runs (
     id                text        PRIMARY KEY,
