@@ -3,6 +3,7 @@ package api_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/ratchet-run/ratchet/api"
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/internal/testdb"
 )
 
 // syncBuffer is a log destination for a server's goroutines.
@@ -108,4 +110,26 @@ func TestDatabaseFaultsAreUnavailableAndSayWhenToRetry(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{"1"}, api.ProblemHeaders(engine.ErrShutdown)["Retry-After"], "shutting down")
+}
+
+// The database ending the API's sessions (as a restart does: SQLSTATE
+// 57P01) is a 503 with Retry-After, never a 500.
+func TestSessionsEndedByTheDatabaseAreUnavailableNotInternal(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	created := b.start(t, "echo", "k", `{"value": "a"}`)
+	require.Equal(t, http.StatusCreated, created.status, "%s", created)
+	var run struct{ ID string }
+	require.NoError(t, json.Unmarshal(created.body, &run))
+
+	admin := testdb.Connect(t, testdb.AdminURL(), nil)
+	var dbName string
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT current_database()`).Scan(&dbName))
+	_, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, dbName)
+	require.NoError(t, err)
+
+	r := b.do(t, http.MethodGet, "/v1/runs/"+run.ID, "")
+	requireProblem(t, r, http.StatusServiceUnavailable, "unavailable")
+	require.Equal(t, "1", r.header.Get("Retry-After"))
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/v1/runs/"+run.ID, "").status, "and the next request is served")
 }
