@@ -1,0 +1,92 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/steps"
+)
+
+func TestAPhaseReturnsWhatItsReplayWillReturn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	workflows := engine.NewWorkflows()
+	type withPrivate struct {
+		Public  int
+		private int
+	}
+	var (
+		mu   sync.Mutex
+		seen []string
+	)
+	_, err := engine.Register(workflows, "lossy", func(ctx context.Context, _ struct{}) (int, error) {
+		v, err := engine.Atomic(ctx, "made", func(context.Context, pgx.Tx) (withPrivate, error) { return withPrivate{Public: 1, private: 7}, nil })
+		if err != nil {
+			return 0, err
+		}
+		at, err := engine.Step(ctx, "stamped", func(context.Context, steps.Key) (time.Time, error) {
+			return time.Date(2026, 12, 2, 12, 0, 0, 0, time.FixedZone("CET", 3600)), nil
+		}, nil)
+		if err != nil {
+			return 0, err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, fmt.Sprintf("%d %s", v.private, at.Location()))
+		if len(seen) == 1 {
+			return 0, errors.New("fail once, after both phases")
+		}
+		return v.Public, nil
+	}, nil)
+	require.NoError(t, err)
+	c := b.client(t, workflows, &engine.Config{RetryBackoff: func(int) time.Duration { return 0 }})
+	res, err := c.Start(context.Background(), engine.StartParams{Workflow: "lossy", IdempotencyKey: "k", Input: []byte(`{}`)})
+	require.NoError(t, err)
+	_, err = c.Resume(context.Background(), res.Run.ID)
+	require.NoError(t, err)
+	require.Len(t, seen, 2)
+	require.Equal(t, seen[1], seen[0], "the first execution saw what the replay saw")
+}
+
+func TestMisconfigurationsSayWhatToDo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	workflows := engine.NewWorkflows()
+	_, err := engine.Register(workflows, "idle", func(ctx context.Context, _ struct{}) (int, error) {
+		return engine.Atomic(ctx, "slow", func(context.Context, pgx.Tx) (int, error) {
+			time.Sleep(600 * time.Millisecond) // the mistake under test: slow work inside the transaction
+			return 1, nil
+		})
+	}, nil)
+	require.NoError(t, err)
+	_, err = engine.Register(workflows, "unmigrated", func(ctx context.Context, _ struct{}) (int, error) {
+		return engine.Atomic(ctx, "write", func(ctx context.Context, tx pgx.Tx) (int, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO app.orders VALUES (1)`)
+			return 1, err
+		})
+	}, nil)
+	require.NoError(t, err)
+	c := b.client(t, workflows, &engine.Config{StaleAfter: 300 * time.Millisecond, RetryBackoff: func(int) time.Duration { return time.Hour }})
+
+	res, err := c.Start(ctx, engine.StartParams{Workflow: "idle", IdempotencyKey: "a", Input: []byte(`{}`)})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusPending, res.Run.Status)
+	require.Equal(t, engine.CodePhaseIdleTimeout, res.Run.Error.Code, "%+v", res.Run.Error)
+	require.Contains(t, res.Run.Error.Message, "do slow work")
+	require.Contains(t, res.Run.Error.Message, "300ms")
+
+	res, err = c.Start(ctx, engine.StartParams{Workflow: "unmigrated", IdempotencyKey: "b", Input: []byte(`{}`)})
+	require.NoError(t, err)
+	require.Equal(t, engine.CodeUndefinedTable, res.Run.Error.Code, "%+v", res.Run.Error)
+	require.Contains(t, res.Run.Error.Message, "ratchet migrate")
+	require.True(t, res.Run.Error.Retryable, "an operator may mend it")
+}
