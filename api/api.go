@@ -188,6 +188,10 @@ func (h *Handler) count(w http.ResponseWriter, r *http.Request) {
 func unrouted(mux *http.ServeMux, w http.ResponseWriter, r *http.Request) {
 	answer := &capture{header: http.Header{}}
 	mux.ServeHTTP(answer, r)
+	if answer.status != http.StatusNotFound && answer.status != http.StatusMethodNotAllowed {
+		mux.ServeHTTP(w, r) // a redirect to the cleaned path, say: the mux's own answer, without side effects
+		return
+	}
 	if allow := answer.header.Get("Allow"); allow != "" {
 		w.Header().Set("Allow", allow)
 	}

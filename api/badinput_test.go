@@ -87,6 +87,8 @@ func TestRouterErrorsAreProblems(t *testing.T) {
 	r := b.do(t, http.MethodDelete, "/v1/runs/01ARZ3NDEKTSV4RRFFQ69G5FAV", "")
 	requireProblem(t, r, http.StatusMethodNotAllowed, "method_not_allowed")
 	require.Contains(t, r.header.Get("Allow"), http.MethodGet)
+	// The mux's other answers are its own: a redirect to the cleaned path.
+	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/v1//runs", "").status)
 }
 
 func TestDatabaseFaultsAreUnavailableAndSayWhenToRetry(t *testing.T) {

@@ -191,14 +191,9 @@ func (r *Recoverer) loop(ctx context.Context) {
 	}
 }
 
-// Poll claims as many due runs as there are free execution slots and
-// starts executing them; it returns how many it claimed. The poll loop
-// calls it; it is exported for a process that drives discovery itself.
-func (r *Recoverer) Poll(ctx context.Context) (int, error) {
-	n, _, err := r.poll(ctx)
-	return n, err
-}
-
+// poll claims as many due runs as there are free execution slots and
+// starts executing them. Only the loop calls it, so slots are counted by
+// one caller at a time.
 func (r *Recoverer) poll(ctx context.Context) (claimed, free int, err error) {
 	r.mu.Lock()
 	free = r.cfg.MaxExecutions - r.inFlight
