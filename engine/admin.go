@@ -171,7 +171,7 @@ func (c *Client) ListRuns(ctx context.Context, p ListParams) ([]Run, error) {
 	}
 	rows, err := c.pool.Query(ctx, listRunsSQL, p.Tenant, p.Workflow, string(p.Status), p.IdempotencyKey, p.ChildKey, p.After, p.Limit)
 	if err != nil {
-		return nil, fmt.Errorf("engine: list runs: %w", err)
+		return nil, fmt.Errorf("engine: list runs: %w", notMigrated(err))
 	}
 	runs, err := pgx.CollectRows(rows, pgx.RowToStructByName[Run])
 	if err != nil {

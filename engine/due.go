@@ -50,7 +50,7 @@ func (c *Client) ClaimDue(ctx context.Context, limit int) ([]*Run, error) {
 	}
 	rows, err := c.pool.Query(ctx, claimDueSQL, limit, c.cfg.ID, c.cfg.StaleAfter, c.workflows.Names())
 	if err != nil {
-		return nil, fmt.Errorf("engine: claim due runs: %w", err)
+		return nil, fmt.Errorf("engine: claim due runs: %w", notMigrated(err))
 	}
 	runs, err := pgx.CollectRows(rows, pgx.RowToAddrOfStructByName[Run])
 	if err != nil {

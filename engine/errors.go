@@ -52,6 +52,10 @@ var (
 	// ErrNotFailed means a reopen was asked of a run that has not failed.
 	ErrNotFailed = errors.New("engine: run has not failed")
 
+	// ErrNotMigrated means the database lacks Ratchet's tables: apply the
+	// migrations (`ratchet migrate`, or migrations.Apply).
+	ErrNotMigrated = errors.New("engine: the database is not migrated")
+
 	// ErrInvalidListParams means a ListRuns filter holds what no run's
 	// column can (invalid UTF-8, U+0000) or is out of range.
 	ErrInvalidListParams = errors.New("engine: invalid list parameters")

@@ -61,15 +61,7 @@ func (c *Client) execute(ctx context.Context, def definition, run *Run, journal 
 	ctx = context.WithValue(ctx, executionKey{}, ex)
 	defer c.track(ex)()
 
-	traceparent := ""
-	if run.Traceparent != nil {
-		traceparent = *run.Traceparent
-	}
-	ctx, end := c.hooks.Run(ctx, RunInfo{
-		RunID: run.ID, Tenant: run.Tenant, Workflow: run.Workflow, Version: run.WorkflowVersion,
-		Attempt: run.Attempt, LeaseToken: run.LeaseToken, RecoveryPoint: run.RecoveryPoint,
-		Traceparent: traceparent, Resumed: run.Attempt > 1 || len(journal) > 0,
-	})
+	ctx, end := c.hooks.Run(ctx, ex.info())
 
 	stopHeartbeat := c.heartbeat(ctx, ex)
 	output, err := ex.invoke(ctx)
@@ -85,6 +77,32 @@ func (c *Client) execute(ctx context.Context, def definition, run *Run, journal 
 		final = run
 	}
 	return final, err
+}
+
+// info describes the execution as it began.
+func (ex *execution) info() RunInfo {
+	run := ex.run
+	traceparent := ""
+	if run.Traceparent != nil {
+		traceparent = *run.Traceparent
+	}
+	return RunInfo{
+		RunID: run.ID, Tenant: run.Tenant, Workflow: run.Workflow, Version: run.WorkflowVersion,
+		Attempt: run.Attempt, LeaseToken: run.LeaseToken, RecoveryPoint: run.RecoveryPoint,
+		Traceparent: traceparent, Resumed: run.Attempt > 1 || len(ex.journal) > 0,
+	}
+}
+
+// RunInfoFrom describes the run executing in ctx — its id, tenant,
+// workflow and version, attempt and lease token, and the recovery point it
+// began from — for correlation and logs inside a workflow or phase. ok is
+// false outside a run.
+func RunInfoFrom(ctx context.Context) (info RunInfo, ok bool) {
+	ex, err := executionFrom(ctx)
+	if err != nil {
+		return RunInfo{}, false
+	}
+	return ex.info(), true
 }
 
 // invoke runs the workflow function, turning a panic into a retryable error.

@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/oklog/ulid/v2"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/internal/testdb"
 	"github.com/ratchet-run/ratchet/steps"
 )
 
@@ -89,4 +93,57 @@ func TestMisconfigurationsSayWhatToDo(t *testing.T) {
 	require.Equal(t, engine.CodeUndefinedTable, res.Run.Error.Code, "%+v", res.Run.Error)
 	require.Contains(t, res.Run.Error.Message, "ratchet migrate")
 	require.True(t, res.Run.Error.Retryable, "an operator may mend it")
+}
+
+func TestAClientOnAnUnmigratedDatabaseSaysHowToMigrate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin := testdb.Connect(t, testdb.AdminURL(), nil)
+	name := "ratchet_empty_" + strings.ToLower(ulid.Make().String())
+	_, err := admin.Exec(ctx, "CREATE DATABASE "+name)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP DATABASE "+name+" WITH (FORCE)") })
+	cfg, err := pgxpool.ParseConfig(testdb.AdminURL())
+	require.NoError(t, err)
+	cfg.ConnConfig.Database = name
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	workflows := engine.NewWorkflows()
+	_, err = engine.Register(workflows, "noop", func(context.Context, struct{}) (int, error) { return 1, nil }, nil)
+	require.NoError(t, err)
+	c, err := engine.NewClient(pool, &engine.Config{Workflows: workflows})
+	require.NoError(t, err)
+
+	_, err = c.Start(ctx, engine.StartParams{Workflow: "noop", IdempotencyKey: "k", Input: []byte(`{}`)})
+	require.ErrorIs(t, err, engine.ErrNotMigrated)
+	require.ErrorContains(t, err, "ratchet migrate")
+	_, err = c.ClaimDue(ctx, 1)
+	require.ErrorIs(t, err, engine.ErrNotMigrated, "a worker's poll says so too")
+	_, err = c.ListRuns(ctx, engine.ListParams{})
+	require.ErrorIs(t, err, engine.ErrNotMigrated)
+}
+
+func TestRunInfoFromTellsAWorkflowWhichRunItIs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	workflows := engine.NewWorkflows()
+	var inWorkflow, inPhase engine.RunInfo
+	_, err := engine.Register(workflows, "self", func(ctx context.Context, _ struct{}) (int, error) {
+		inWorkflow, _ = engine.RunInfoFrom(ctx)
+		return engine.Atomic(ctx, "p", func(ctx context.Context, _ pgx.Tx) (int, error) {
+			inPhase, _ = engine.RunInfoFrom(ctx)
+			return 1, nil
+		})
+	}, &engine.WorkflowOpts{Version: 3})
+	require.NoError(t, err)
+	c := b.client(t, workflows, nil)
+	res, err := c.Start(context.Background(), engine.StartParams{Workflow: "self", IdempotencyKey: "k", Input: []byte(`{}`), Tenant: "acme"})
+	require.NoError(t, err)
+	want := engine.RunInfo{RunID: res.Run.ID, Tenant: "acme", Workflow: "self", Version: 3, Attempt: 1, LeaseToken: 1, RecoveryPoint: "started"}
+	require.Equal(t, want, inWorkflow)
+	require.Equal(t, want, inPhase)
+	_, ok := engine.RunInfoFrom(context.Background())
+	require.False(t, ok, "outside a run")
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/oklog/ulid/v2"
@@ -84,16 +85,27 @@ type dbtx interface {
 func queryRun(ctx context.Context, db dbtx, sql string, args ...any) (run *Run, ok bool, err error) {
 	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, false, err
+		return nil, false, notMigrated(err)
 	}
 	run, err = pgx.CollectExactlyOneRow(rows, pgx.RowToAddrOfStructByName[Run])
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
 	}
 	if err != nil {
-		return nil, false, err
+		return nil, false, notMigrated(err)
 	}
 	return run, true, nil
+}
+
+// notMigrated turns a missing table or schema, met by one of the engine's
+// own statements (they touch Ratchet's schema only), into ErrNotMigrated
+// with the fix, instead of Postgres's words alone on every call.
+func notMigrated(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.UndefinedTable || pgErr.Code == pgerrcode.InvalidSchemaName) {
+		return fmt.Errorf("%w: run `ratchet migrate` (or migrations.Apply) against this database: %w", ErrNotMigrated, err)
+	}
+	return err
 }
 
 // leasedRun is a run together with whether its lease was live when read,
@@ -134,7 +146,7 @@ func getRun(ctx context.Context, db dbtx, id string) (*leasedRun, error) {
 	}
 	rows, err := db.Query(ctx, getRunSQL, id)
 	if err != nil {
-		return nil, fmt.Errorf("engine: get run: %w", err)
+		return nil, fmt.Errorf("engine: get run: %w", notMigrated(err))
 	}
 	lr, err := pgx.CollectExactlyOneRow(rows, pgx.RowToAddrOfStructByName[leasedRun])
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -182,7 +194,7 @@ func listPhases(ctx context.Context, db dbtx, runID string) ([]Phase, error) {
 	}
 	rows, err := db.Query(ctx, listPhasesSQL, runID)
 	if err != nil {
-		return nil, fmt.Errorf("engine: list phases: %w", err)
+		return nil, fmt.Errorf("engine: list phases: %w", notMigrated(err))
 	}
 	phases, err := pgx.CollectRows(rows, pgx.RowToStructByName[Phase])
 	if err != nil {
