@@ -95,12 +95,16 @@ func newApp(pool *pgxpool.Pool, f appFlags, work bool, logger *slog.Logger) (*ap
 	return &app{worker: w, handler: h}, nil
 }
 
-// setUp creates the example workflows' tables.
-func setUp(ctx context.Context, pool *pgxpool.Pool) error {
+// demoBalances are the accounts dev opens for the quickstart transfer.
+var demoBalances = map[string]int64{"alice": 1_000_000, "bob": 0}
+
+// setUp creates the example workflows' tables, and opens balances (demo
+// data: dev's only, never seeded into a database serve is pointed at).
+func setUp(ctx context.Context, pool *pgxpool.Pool, balances map[string]int64) error {
 	if err := payments.Setup(ctx, pool); err != nil {
 		return err
 	}
-	return quickstart.Setup(ctx, pool, map[string]int64{"alice": 1_000_000, "bob": 0})
+	return quickstart.Setup(ctx, pool, balances)
 }
 
 // stopApp stops the server (if any) and the worker gracefully: requests

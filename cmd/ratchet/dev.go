@@ -53,7 +53,7 @@ func (c *devCmd) Run(e *env) error {
 		return err
 	}
 	out("migrated (%d Ratchet and %d River migrations applied now)", len(res.Applied), len(res.RiverVersions))
-	if err := setUp(ctx, pool); err != nil {
+	if err := setUp(ctx, pool, demoBalances); err != nil {
 		return err
 	}
 

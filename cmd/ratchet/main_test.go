@@ -87,9 +87,13 @@ func TestServeRefusesAnUnmigratedDatabase(t *testing.T) {
 
 func TestServeRunsTheAPIUntilStopped(t *testing.T) {
 	t.Parallel()
-	out, code := runUntil(t, "ratchet API listening on", "serve", "--database-url", testdb.NewURL(t), "--addr", "127.0.0.1:0", "--tokens", "s3cret=acme")
+	url := testdb.NewURL(t)
+	out, code := runUntil(t, "ratchet API listening on", "serve", "--database-url", url, "--addr", "127.0.0.1:0", "--tokens", "s3cret=acme")
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "shutting down")
+	var accounts int
+	require.NoError(t, testdb.Connect(t, url, nil).QueryRow(context.Background(), `SELECT count(*) FROM quickstart.accounts`).Scan(&accounts))
+	require.Zero(t, accounts, "serve seeds no demo data into the database it is pointed at")
 }
 
 func TestBadTokensAreRefusedWithoutEchoingThem(t *testing.T) {

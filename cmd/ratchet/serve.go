@@ -91,7 +91,7 @@ func openApp(e *env, db dbFlags, f appFlags, work bool) (a *app, closeApp func()
 		pool.Close()
 		return nil, nil, fmt.Errorf("%v: run `ratchet migrate` first", err)
 	}
-	if err := setUp(e.ctx, pool); err != nil {
+	if err := setUp(e.ctx, pool, nil); err != nil {
 		pool.Close()
 		return nil, nil, err
 	}
