@@ -24,7 +24,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ratchet-run/ratchet/engine"
-	"github.com/ratchet-run/ratchet/migrations"
 )
 
 // Defaults for Config.
@@ -54,6 +53,12 @@ type Config struct {
 	MaxWait time.Duration
 	// MaxBodyBytes bounds a start request's body. Defaults to 1 MiB.
 	MaxBodyBytes int64
+
+	// PathPrefix mounts the API under a path, such as "/ratchet": every
+	// route, and every Location the API sends, begins with it. Serve the
+	// handler as is, without http.StripPrefix:
+	// mux.Handle("/ratchet/", h). Empty serves it at the root.
+	PathPrefix string
 
 	// Ready reports whether the service can take requests (GET /readyz).
 	// Defaults to: the database answers and its migrations are current.
@@ -110,15 +115,11 @@ func New(cfg *Config) (*Handler, error) {
 		return nil, fmt.Errorf("api: want 0 <= DefaultWait (%s) <= MaxWait (%s)", c.DefaultWait, c.MaxWait)
 	case c.MaxBodyBytes < 0:
 		return nil, errors.New("api: negative MaxBodyBytes")
+	case c.PathPrefix != "" && (!strings.HasPrefix(c.PathPrefix, "/") || strings.HasSuffix(c.PathPrefix, "/") || strings.ContainsAny(c.PathPrefix, "{}? \t")):
+		return nil, fmt.Errorf("api: PathPrefix %q: want a path like /ratchet, without a trailing slash, braces or spaces", c.PathPrefix)
 	}
 	if c.Ready == nil {
-		pool := c.Engine.Pool()
-		c.Ready = func(ctx context.Context) error {
-			if err := pool.Ping(ctx); err != nil {
-				return err
-			}
-			return migrations.Check(ctx, pool)
-		}
+		c.Ready = c.Engine.Ping
 	}
 	h.logger = c.Logger
 	if h.logger == nil {
@@ -132,7 +133,11 @@ func New(cfg *Config) (*Handler, error) {
 	}
 
 	h.mux = http.NewServeMux()
-	route := func(pattern string, handler http.Handler) {
+	var route func(pattern string, handler http.Handler)
+	prefix := c.PathPrefix
+	route = func(pattern string, handler http.Handler) {
+		method, path, _ := strings.Cut(pattern, " ")
+		pattern = method + " " + prefix + path
 		h.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			trace.SpanFromContext(r.Context()).SetName(r.Pattern) // low-cardinality span names
 			handler.ServeHTTP(w, r)
@@ -328,12 +333,27 @@ func (h *Handler) startRun(w http.ResponseWriter, r *http.Request, tenant string
 		w.Header().Set("Preference-Applied", "wait="+strconv.Itoa(int(wait/time.Second)))
 	}
 
-	res, err := h.engine.Claim(r.Context(), engine.StartParams{
+	// Start waits at most wait, and no longer than the client or a drain
+	// allows; the execution itself is detached from the request and goes
+	// on in the engine whichever stops the wait.
+	ctx, stop := context.WithCancel(r.Context())
+	defer stop()
+	go func() {
+		select {
+		case <-h.draining:
+			stop()
+		case <-ctx.Done():
+		}
+	}()
+	if wait == 0 {
+		wait = -1 // answer once the run is claimed
+	}
+	res, err := h.engine.Start(ctx, engine.StartParams{
 		// The run's traceparent is the request span's (the engine reads it
 		// from the context), so resumed executions link to this request.
-		Workflow: workflow, IdempotencyKey: key, Input: body, Tenant: tenant,
+		Workflow: workflow, IdempotencyKey: key, Input: body, Tenant: tenant, Wait: wait,
 	})
-	if err != nil {
+	if res == nil {
 		h.fail(w, r, err)
 		return
 	}
@@ -344,41 +364,25 @@ func (h *Handler) startRun(w http.ResponseWriter, r *http.Request, tenant string
 	case engine.OutcomeInProgress:
 		w.Header().Set("Retry-After", retryAfter(run))
 		writeProblem(w, problem{Status: http.StatusConflict, Code: codeInProgress, Title: "A request with this Idempotency-Key is in progress",
-			RunID: run.ID, Instance: "/v1/runs/" + run.ID})
+			RunID: run.ID, Instance: h.runPath(run.ID)})
 	case engine.OutcomeResumable:
 		if run.NextAttemptAt == nil || !run.NextAttemptAt.After(time.Now()) {
-			h.background(r, func(ctx context.Context) (*engine.Run, error) { return h.engine.Resume(ctx, run.ID) })
+			h.takeOver(r, run.ID)
 		}
 		h.writeAccepted(w, run)
 	case engine.OutcomeCreated:
-		done := h.background(r, func(ctx context.Context) (*engine.Run, error) { return h.engine.Execute(ctx, res) })
-		timer := time.NewTimer(wait)
-		defer timer.Stop()
-		select {
-		case out := <-done:
-			if out.run != nil {
-				run = out.run
-			}
-			if out.err != nil && !run.Status.Finished() && !errors.Is(out.err, engine.ErrShutdown) && !errors.Is(out.err, engine.ErrLeaseLost) {
-				h.logger.WarnContext(r.Context(), "api: inline execution cut short", slog.String("run_id", run.ID), slog.String("error", out.err.Error()))
-			}
-			if run.Status.Finished() {
-				h.writeFinal(w, run, false)
-				return
-			}
-			h.writeAccepted(w, run)
-		case <-timer.C:
-			h.writeAccepted(w, run)
-		case <-h.draining:
-			h.writeAccepted(w, run)
-		case <-r.Context().Done():
+		if r.Context().Err() != nil {
+			return // the client is gone; the run goes on
 		}
+		if err != nil && !run.Status.Finished() && !errors.Is(err, context.Canceled) && !errors.Is(err, engine.ErrShutdown) && !errors.Is(err, engine.ErrLeaseLost) {
+			h.logger.WarnContext(r.Context(), "api: inline execution cut short", slog.String("run_id", run.ID), slog.String("error", err.Error()))
+		}
+		if run.Status.Finished() {
+			h.writeFinal(w, run, false)
+			return
+		}
+		h.writeAccepted(w, run)
 	}
-}
-
-type execution struct {
-	run *engine.Run
-	err error
 }
 
 // Drain makes every start request that waits for its inline execution, and
@@ -390,22 +394,18 @@ func (h *Handler) Drain() {
 	h.drainOnce.Do(func() { close(h.draining) })
 }
 
-// background runs an execution on a context that outlives the request (it
-// ends with the engine's Shutdown, which hands the run over).
-func (h *Handler) background(r *http.Request, exec func(context.Context) (*engine.Run, error)) <-chan execution {
-	done := make(chan execution, 1)
+// takeOver continues a run at once, on a context that outlives the
+// request (the engine's Shutdown hands the run over if need be). A run
+// someone else takes first is theirs: the error says so and is dropped.
+func (h *Handler) takeOver(r *http.Request, runID string) {
 	ctx := context.WithoutCancel(r.Context())
-	go func() {
-		run, err := exec(ctx)
-		done <- execution{run, err}
-	}()
-	return done
+	go h.engine.TakeOver(ctx, runID) //nolint:errcheck // the run's state is the record
 }
 
 func (h *Handler) writeFinal(w http.ResponseWriter, run *engine.Run, replayed bool) {
-	status, contentType, body := finalResponse(run)
+	status, contentType, body := finalResponse(run, h.runPath(run.ID))
 	w.Header().Set("Content-Type", contentType)
-	w.Header().Set("Location", "/v1/runs/"+run.ID)
+	w.Header().Set("Location", h.runPath(run.ID))
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
@@ -414,7 +414,7 @@ func (h *Handler) writeFinal(w http.ResponseWriter, run *engine.Run, replayed bo
 }
 
 func (h *Handler) writeAccepted(w http.ResponseWriter, run *engine.Run) {
-	w.Header().Set("Location", "/v1/runs/"+run.ID)
+	w.Header().Set("Location", h.runPath(run.ID))
 	w.Header().Set("Retry-After", "1")
 	writeJSON(w, http.StatusAccepted, newRunResource(run, nil))
 }
@@ -428,9 +428,12 @@ func retryAfter(run *engine.Run) string {
 	return strconv.Itoa(int(secs))
 }
 
+// runPath is the path of a run's resource.
+func (h *Handler) runPath(id string) string { return h.cfg.PathPrefix + "/v1/runs/" + id }
+
 // tenantRun loads a run of tenant; another tenant's run is not found.
 func (h *Handler) tenantRun(ctx context.Context, id, tenant string) (*engine.Run, error) {
-	run, err := h.engine.Run(ctx, id)
+	run, err := h.engine.GetRun(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -526,6 +529,6 @@ func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, tenant strin
 		h.fail(w, r, err)
 		return
 	}
-	h.background(r, func(ctx context.Context) (*engine.Run, error) { return h.engine.Resume(ctx, run.ID) })
+	h.takeOver(r, run.ID)
 	h.writeAccepted(w, run)
 }

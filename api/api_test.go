@@ -296,7 +296,9 @@ func TestDatabaseConflictsAreConflictsNotServerErrors(t *testing.T) {
 
 func TestServerIsHardened(t *testing.T) {
 	t.Parallel()
-	srv := api.NewServer(":0", http.NotFoundHandler(), 30*time.Second)
+	b := setup(t, &api.Config{MaxWait: 30 * time.Second})
+	srv := b.handler.NewServer(":0", nil)
+	require.Same(t, b.handler, srv.Handler)
 	require.Equal(t, 5*time.Second, srv.ReadHeaderTimeout)
 	require.Equal(t, 30*time.Second, srv.ReadTimeout)
 	require.Equal(t, 40*time.Second, srv.WriteTimeout, "longer than the longest inline wait")

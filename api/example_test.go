@@ -35,5 +35,5 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	log.Fatal(api.NewServer(":8080", h, api.DefaultMaxWait).ListenAndServe())
+	log.Fatal(h.NewServer(":8080", nil).ListenAndServe())
 }

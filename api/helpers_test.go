@@ -74,7 +74,7 @@ func setup(t testing.TB, cfg *api.Config) *testBundle {
 	require.NoError(t, err)
 	_, err = engine.Register(workflows, "pay", func(ctx context.Context, in payIn) (payIn, error) {
 		if in.Customer == "cus_declined" {
-			return in, engine.Permanent("card_declined", errDeclined)
+			return in, steps.Permanent("card_declined", errDeclined)
 		}
 		return in, nil
 	}, &engine.WorkflowOpts{SuccessStatus: http.StatusCreated, ErrorStatuses: map[string]int{"card_declined": http.StatusPaymentRequired}})

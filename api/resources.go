@@ -98,7 +98,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // finalResponse renders a finished run as its start request's response:
 // the stored status with the run (success) or a problem (failure).
-func finalResponse(r *engine.Run) (status int, contentType string, body []byte) {
+func finalResponse(r *engine.Run, instance string) (status int, contentType string, body []byte) {
 	status = http.StatusConflict
 	if r.ResponseStatus != nil {
 		status = *r.ResponseStatus
@@ -107,7 +107,7 @@ func finalResponse(r *engine.Run) (status int, contentType string, body []byte) 
 		body, _ = json.Marshal(newRunResource(r, nil))
 		return status, "application/json", body
 	}
-	p := problem{Status: status, RunID: r.ID, Instance: "/v1/runs/" + r.ID}
+	p := problem{Status: status, RunID: r.ID, Instance: instance}
 	switch {
 	case r.Status == engine.StatusCancelled:
 		p.Code, p.Title = codeRunCancelled, "The run was cancelled"

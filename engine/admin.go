@@ -37,7 +37,21 @@ RETURNING ` + runColumns
 // stay committed. A finished run returns ErrFinished, an unknown id
 // ErrRunNotFound.
 func (c *Client) Cancel(ctx context.Context, runID string) (*Run, error) {
-	lr, err := getRun(ctx, c.pool, runID)
+	return c.cancel(ctx, c.pool, runID)
+}
+
+// CancelTx cancels a run as Cancel does, in the caller's transaction: the
+// cancellation holds if and only if tx commits, together with the
+// caller's own writes (an order marked cancelled, say).
+func (c *Client) CancelTx(ctx context.Context, tx pgx.Tx, runID string) (*Run, error) {
+	if tx == nil {
+		return nil, errors.New("engine: CancelTx: nil transaction")
+	}
+	return c.cancel(ctx, tx, runID)
+}
+
+func (c *Client) cancel(ctx context.Context, db dbtx, runID string) (*Run, error) {
+	lr, err := getRun(ctx, db, runID)
 	if err != nil {
 		return nil, err
 	}
@@ -48,12 +62,12 @@ func (c *Client) Cancel(ctx context.Context, runID string) (*Run, error) {
 	if def, err := c.workflows.lookup(lr.Workflow); err == nil {
 		ttl = def.retentionClass().TTL()
 	}
-	run, ok, err := queryRun(ctx, c.pool, cancelSQL, runID, cancelledError, ttl)
+	run, ok, err := queryRun(ctx, db, cancelSQL, runID, cancelledError, ttl)
 	if err != nil {
 		return nil, fmt.Errorf("engine: cancel run %s: %w", runID, err)
 	}
 	if !ok { // finished meanwhile
-		lr, err := getRun(ctx, c.pool, runID)
+		lr, err := getRun(ctx, db, runID)
 		if err != nil {
 			return nil, err
 		}
@@ -93,11 +107,28 @@ WHERE run_id = $1 AND error IS NOT NULL
 // stored its answer gives it again. Committed phases are not repeated. A run
 // that has not failed returns ErrNotFailed.
 func (c *Client) Reopen(ctx context.Context, runID string) (*Run, error) {
+	return c.reopen(ctx, c.pool, runID)
+}
+
+// ReopenTx reopens a failed run as Reopen does, in the caller's
+// transaction: the run is reopened, and due, if and only if tx commits.
+func (c *Client) ReopenTx(ctx context.Context, tx pgx.Tx, runID string) (*Run, error) {
+	if tx == nil {
+		return nil, errors.New("engine: ReopenTx: nil transaction")
+	}
+	return c.reopen(ctx, tx, runID)
+}
+
+// reopen runs in a transaction of its own on db, or a savepoint when db is
+// the caller's transaction.
+func (c *Client) reopen(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, runID string) (*Run, error) {
 	if err := checkRunID(runID); err != nil {
 		return nil, err
 	}
 	var run *Run
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		var status Status
 		err := tx.QueryRow(ctx, `SELECT status FROM ratchet.runs WHERE id = $1 FOR UPDATE`, runID).Scan(&status)
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -64,7 +64,7 @@ func TestCancelUnleasedRunAtOnce(t *testing.T) {
 	require.NotNil(t, run.ExpiresAt, "a cancelled run expires like any finished one")
 	require.EqualValues(t, 1, run.LeaseToken, "a new token fences any late executor")
 
-	_, err = c.Resume(context.Background(), res.Run.ID)
+	_, err = c.TakeOver(context.Background(), res.Run.ID)
 	require.NoError(t, err)
 	require.Equal(t, 0, b.counter(t, "x"), "a cancelled run never executes")
 }
@@ -105,7 +105,7 @@ func TestReopenRetriesAFailedRunFromItsRecoveryPoint(t *testing.T) {
 	require.Equal(t, "created", run.RecoveryPoint, "the failed step is tried again")
 	require.Nil(t, run.ResponseStatus)
 
-	run, err = c.Resume(context.Background(), res.Run.ID)
+	run, err = c.TakeOver(context.Background(), res.Run.ID)
 	require.NoError(t, err)
 	// Same child key as the declined attempt, other parameters: the
 	// gateway refuses it, which is the honest outcome of retrying a call

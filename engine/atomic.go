@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ratchet-run/ratchet/internal/crashpoint"
 	"github.com/ratchet-run/ratchet/steps"
 )
 
@@ -56,6 +57,12 @@ func phase[T any](ctx context.Context, name string, kind PhaseKind, run func(ctx
 		}
 		return run(ctx, ex, seq, key)
 	}()
+	if err == nil && memo == nil && crashpoint.Hit(ctx, name) {
+		// The test kit's crash: the phase committed, and the process
+		// "dies" before anything else is written.
+		ex.lose(crashpoint.ErrCrashed)
+		out, err = zero, crashpoint.ErrCrashed
+	}
 	end(err)
 	return out, err
 }
@@ -100,7 +107,7 @@ func runAtomic[T any](ctx context.Context, ex *execution, seq int, name string, 
 func decodeOutput[T any](p *Phase) (T, error) {
 	var out T
 	if err := json.Unmarshal(p.Output, &out); err != nil {
-		return out, Permanent("invalid_output", fmt.Errorf("phase %q: decode journaled output: %w", p.Name, err))
+		return out, steps.Permanent("invalid_output", fmt.Errorf("phase %q: decode journaled output: %w", p.Name, err))
 	}
 	return out, nil
 }

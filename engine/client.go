@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/ratchet-run/ratchet/migrations"
 	"github.com/ratchet-run/ratchet/steps"
 )
 
@@ -184,5 +186,13 @@ func (c *Client) ID() string { return c.cfg.ID }
 // Workflows returns the client's registry.
 func (c *Client) Workflows() *Workflows { return c.workflows }
 
-// Pool returns the pool the client uses.
-func (c *Client) Pool() *pgxpool.Pool { return c.pool }
+// Ping reports whether the client can work: the database answers and
+// every Ratchet and River migration has been applied (else an error
+// wrapping migrations.ErrPending, naming what is missing). It suits a
+// readiness probe.
+func (c *Client) Ping(ctx context.Context) error {
+	if err := c.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("engine: database: %w", err)
+	}
+	return migrations.Check(ctx, c.pool)
+}

@@ -79,7 +79,7 @@ func TestKilledAfterChargeBeforeCommitRepeatsCallWithSameKey(t *testing.T) {
 		err error
 	)
 	require.Eventually(t, func() bool {
-		run, err = survivor.Resume(context.Background(), runID)
+		run, err = survivor.TakeOver(context.Background(), runID)
 		return !errors.Is(err, engine.ErrLeaseHeld)
 	}, 10*time.Second, 20*time.Millisecond)
 	require.NoError(t, err)

@@ -134,16 +134,6 @@ const (
 	CodeUndefinedTable = "undefined_table"
 )
 
-// PermanentError marks an error that retrying cannot fix (a declined card, a
-// validation failure). A workflow that returns one fails its run, and the
-// error is stored and replayed to later callers with the same key. It is
-// the steps package's type, so a step's permanent failure is the engine's.
-type PermanentError = steps.PermanentError
-
-// Permanent wraps err as a PermanentError with the given code (e.g.
-// "card_declined"). An empty code becomes "permanent".
-func Permanent(code string, err error) error { return steps.Permanent(code, err) }
-
 // RunError is the error stored with a run: the last failure of a run still
 // being retried, or the final one of a failed run.
 type RunError struct {
@@ -159,7 +149,7 @@ func (e *RunError) Error() string { return e.Code + ": " + e.Message }
 // by accident.
 func classify(err error) *RunError {
 	var (
-		perm *PermanentError
+		perm *steps.PermanentError
 		nd   *NonDeterminismError
 		phe  *phaseUsageError
 		pe   *panicError

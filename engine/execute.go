@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/ratchet-run/ratchet/internal/crashpoint"
 )
 
 type executionKey struct{}
@@ -142,9 +144,24 @@ func (c *Client) conclude(ctx context.Context, ex *execution, output []byte, err
 		defer cancel()
 		return c.retryLater(ctx, ex, &RunError{Code: CodeExecutionTimeout, Message: cause.Error(), Retryable: true})
 	}
+	if cause := context.Cause(ctx); errors.Is(cause, crashpoint.ErrCrashed) {
+		// The test kit's crash: nothing more is written, and the lease
+		// stays until it expires, as after a killed process.
+		return nil, fmt.Errorf("engine: run %s: %w", ex.run.ID, cause)
+	}
 	if ctx.Err() != nil {
-		// Abandoned: the lease stays until it expires, as after a crash.
-		return nil, fmt.Errorf("engine: run %s abandoned: %w", ex.run.ID, context.Cause(ctx))
+		// The caller stopped the execution (Start never does: its
+		// execution is detached from the caller's context). The run is
+		// released at once, as in a shutdown, rather than left leased
+		// until its lease expires: another executor continues it.
+		run, err := c.release(ctx, ex.run, "execution stopped by its caller: released the run for another executor")
+		if errors.Is(err, ErrLeaseLost) {
+			return nil, ex.leaseLost(ctx)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return run, fmt.Errorf("engine: run %s released: %w", ex.run.ID, context.Cause(ctx))
 	}
 	var pe *panicError
 	if errors.As(err, &pe) {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/steps"
 )
 
 var errDeclined = errors.New("card declined")
@@ -55,7 +56,7 @@ func TestPermanentErrorFailsRunAndIsReplayed(t *testing.T) {
 	calls := 0
 	c := b.client(t, registerFailing(t, func() error {
 		calls++
-		return engine.Permanent("card_declined", errDeclined)
+		return steps.Permanent("card_declined", errDeclined)
 	}), nil)
 
 	res := start(t, c, "failing", "k")

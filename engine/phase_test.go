@@ -54,7 +54,7 @@ func TestAPhaseReturnsWhatItsReplayWillReturn(t *testing.T) {
 	c := b.client(t, workflows, &engine.Config{RetryBackoff: func(int) time.Duration { return 0 }})
 	res, err := c.Start(context.Background(), engine.StartParams{Workflow: "lossy", IdempotencyKey: "k", Input: []byte(`{}`)})
 	require.NoError(t, err)
-	_, err = c.Resume(context.Background(), res.Run.ID)
+	_, err = c.TakeOver(context.Background(), res.Run.ID)
 	require.NoError(t, err)
 	require.Len(t, seen, 2)
 	require.Equal(t, seen[1], seen[0], "the first execution saw what the replay saw")

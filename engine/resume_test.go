@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/internal/crashpoint"
 )
 
 // gatedFlow is a two-phase workflow whose first execution stops between
@@ -77,18 +78,12 @@ func TestResumeContinuesAbandonedRunAfterLeaseExpires(t *testing.T) {
 	flowB.executions.Store(1) // B's code never stops at the gate
 	bc := b.client(t, flowB.workflows, &engine.Config{StaleAfter: staleAfter})
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := flowA.wf.Start(ctx, a, "order-1", order{Amount: 7}, nil)
-		done <- err
-	}()
-	receive(t, flowA.atGate)
-	cancel() // the executor is abandoned after phase 1; its lease stays
-	require.ErrorIs(t, receive(t, done), context.Canceled)
+	// A's process dies right after phase 1 commits; its lease stays.
+	_, err := flowA.wf.Start(crashpoint.After(context.Background(), "reserved"), a, "order-1", order{Amount: 7}, nil)
+	require.ErrorIs(t, err, crashpoint.ErrCrashed)
 
 	runID := b.runIDForKey(t, "order-1")
-	_, err := bc.Resume(context.Background(), runID)
+	_, err = bc.TakeOver(context.Background(), runID)
 	var held *engine.LeaseHeldError
 	require.ErrorAs(t, err, &held, "the abandoned lease is still live")
 	require.ErrorIs(t, err, engine.ErrLeaseHeld)
@@ -96,7 +91,7 @@ func TestResumeContinuesAbandonedRunAfterLeaseExpires(t *testing.T) {
 	// Wait out the lease: Resume refuses until the database's clock passes it.
 	var run *engine.Run
 	require.Eventually(t, func() bool {
-		run, err = bc.Resume(context.Background(), runID)
+		run, err = bc.TakeOver(context.Background(), runID)
 		return !errors.Is(err, engine.ErrLeaseHeld)
 	}, 10*time.Second, 20*time.Millisecond)
 	require.NoError(t, err)
@@ -134,7 +129,7 @@ func TestZombieCommitIsRefusedAfterTakeover(t *testing.T) {
 
 	// A is paused past its lease; B takes over and finishes.
 	b.expireLease(t, runID)
-	run, err := bc.Resume(context.Background(), runID)
+	run, err := bc.TakeOver(context.Background(), runID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, run.Status)
 
@@ -152,7 +147,7 @@ func TestZombieCommitIsRefusedAfterTakeover(t *testing.T) {
 	require.Equal(t, 1, b.counter(t, "captured"))
 	require.Equal(t, 2, b.countRows(t, "phases"))
 
-	final, err := bc.Run(context.Background(), runID)
+	final, err := bc.GetRun(context.Background(), runID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, final.Status)
 	require.JSONEq(t, `{"total":7,"executor":"B"}`, string(final.Output), "the final state is B's")
@@ -178,7 +173,7 @@ func TestZombieCommitIsRefusedWhileSuccessorRuns(t *testing.T) {
 
 	doneB := make(chan error, 1)
 	go func() {
-		_, err := bc.Resume(context.Background(), runID)
+		_, err := bc.TakeOver(context.Background(), runID)
 		doneB <- err
 	}()
 	receive(t, flowB.atGate)
@@ -192,7 +187,7 @@ func TestZombieCommitIsRefusedWhileSuccessorRuns(t *testing.T) {
 
 	close(flowB.gate)
 	require.NoError(t, receive(t, doneB))
-	final, err := bc.Run(context.Background(), runID)
+	final, err := bc.GetRun(context.Background(), runID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, final.Status)
 	require.JSONEq(t, `{"total":7,"executor":"B"}`, string(final.Output))
@@ -263,7 +258,7 @@ func TestNonDeterministicResumeFailsRunNamingBothPhases(t *testing.T) {
 	bc := b.client(t, changed, nil)
 
 	b.expireLease(t, runID)
-	run, err := bc.Resume(context.Background(), runID)
+	run, err := bc.TakeOver(context.Background(), runID)
 	require.NoError(t, err)
 	require.False(t, ran, "the mismatching phase did not run")
 	require.Equal(t, engine.StatusFailed, run.Status)
@@ -297,7 +292,7 @@ func TestWorkflowReturningBeforeJournaledPhaseIsNonDeterministic(t *testing.T) {
 	}, nil)
 	require.NoError(t, err)
 	b.expireLease(t, runID)
-	run, err := b.client(t, changed, nil).Resume(context.Background(), runID)
+	run, err := b.client(t, changed, nil).TakeOver(context.Background(), runID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusFailed, run.Status)
 	require.Equal(t, engine.CodeNonDeterminism, run.Error.Code)
@@ -314,11 +309,11 @@ func TestResumeReportsFinishedHeldAndMissingRuns(t *testing.T) {
 
 	res, err := wf.Start(ctx, c, "k", order{Amount: 1, Customer: "x"}, nil)
 	require.NoError(t, err)
-	run, err := c.Resume(ctx, res.Run.ID)
+	run, err := c.TakeOver(ctx, res.Run.ID)
 	require.NoError(t, err)
 	require.Equal(t, res.Run, run, "a finished run is returned untouched")
 	require.Equal(t, 1, b.counter(t, "x"))
 
-	_, err = c.Resume(ctx, "01JNOSUCHRUN0000000000000")
+	_, err = c.TakeOver(ctx, "01JNOSUCHRUN0000000000000")
 	require.ErrorIs(t, err, engine.ErrRunNotFound)
 }

@@ -121,8 +121,8 @@ const leaseColumns = `coalesce(lease_expires_at > now(), false) AS lease_live, n
 
 const getRunSQL = `SELECT ` + runColumns + `, ` + leaseColumns + ` FROM ratchet.runs WHERE id = $1`
 
-// Run returns the run with the given id, or ErrRunNotFound.
-func (c *Client) Run(ctx context.Context, id string) (*Run, error) {
+// GetRun returns the run with the given id, or ErrRunNotFound.
+func (c *Client) GetRun(ctx context.Context, id string) (*Run, error) {
 	lr, err := getRun(ctx, c.pool, id)
 	if err != nil {
 		return nil, err

@@ -32,12 +32,24 @@ func (c *Client) admit() (done func(), draining bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.active++
-	return func() {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		c.active--
-		c.closeIdleIfDone()
-	}, c.draining
+	return c.uncount, c.draining
+}
+
+// hold counts one more call that executes runs, as admit does, for a
+// caller already admitted: it cannot fail. The returned function must be
+// called when the execution ends.
+func (c *Client) hold() (done func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.active++
+	return c.uncount
+}
+
+func (c *Client) uncount() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.active--
+	c.closeIdleIfDone()
 }
 
 // track registers a running execution so that Shutdown can hand it over.
@@ -109,9 +121,9 @@ func (c *Client) Shutdown(ctx context.Context) error {
 	case <-time.After(handOverWait):
 	}
 	c.mu.Lock()
-	left := c.active
+	left := len(c.executions)
 	c.mu.Unlock()
-	return fmt.Errorf("engine: shutdown: %d calls still executing a second after the grace; their runs resume when their leases expire: %w", left, ctx.Err())
+	return fmt.Errorf("engine: shutdown: %d executions still running a second after the grace; their runs resume when their leases expire: %w", left, ctx.Err())
 }
 
 // handOverSQL releases a run held by this client and gives it a new token,
@@ -130,18 +142,29 @@ RETURNING ` + runColumns
 // the client is shutting down. It returns the released run with an error
 // wrapping ErrShutdown, or ErrLeaseLost if the lease was no longer ours.
 func (c *Client) handOver(ctx context.Context, run *Run) (*Run, error) {
+	released, err := c.release(ctx, run, "handed run over for another executor")
+	if err != nil {
+		return nil, err
+	}
+	return released, fmt.Errorf("engine: run %s handed over: %w", run.ID, ErrShutdown)
+}
+
+// release gives up this client's lease on run (as claimed) with a new
+// token, so that the run is due at once, and logs why. It returns
+// ErrLeaseLost if the lease was no longer ours.
+func (c *Client) release(ctx context.Context, run *Run, why string) (*Run, error) {
 	// The caller's context may be cancelled; the release gets a moment of
 	// its own.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handOverWait)
 	defer cancel()
 	released, ok, err := queryRun(ctx, c.pool, handOverSQL, run.ID, run.LeaseToken)
 	if err != nil {
-		return nil, fmt.Errorf("engine: hand over run %s: %w", run.ID, err)
+		return nil, fmt.Errorf("engine: release run %s: %w", run.ID, err)
 	}
 	if !ok {
 		return nil, fmt.Errorf("engine: run %s: %w", run.ID, ErrLeaseLost)
 	}
-	c.logger.InfoContext(ctx, "handed run over for another executor", slog.String("run_id", run.ID),
+	c.logger.InfoContext(ctx, why, slog.String("run_id", run.ID),
 		slog.Int64("lease_token", released.LeaseToken), slog.String("recovery_point", released.RecoveryPoint))
-	return released, fmt.Errorf("engine: run %s handed over: %w", run.ID, ErrShutdown)
+	return released, nil
 }

@@ -151,7 +151,7 @@ func TestShutdownCalledTwiceReturnsBothAndEndsASecondAfterTheGrace(t *testing.T)
 	defer cancel()
 	second := c.Shutdown(ctx)
 	require.ErrorIs(t, second, context.DeadlineExceeded, "an execution that ignores its context outlasts the hand-over")
-	require.ErrorContains(t, second, "1 calls still executing")
+	require.ErrorContains(t, second, "1 executions still running")
 	require.ErrorIs(t, receive(t, first), context.DeadlineExceeded)
 	require.Less(t, time.Since(began), 300*time.Millisecond+2*time.Second, "bounded by the grace and the hand-over")
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
@@ -27,6 +28,12 @@ type StartParams struct {
 	Tenant string
 	// Traceparent is the W3C trace context of the creating request.
 	Traceparent string
+	// Wait bounds how long Start waits for the inline execution of a run
+	// it created. Zero waits until the execution concludes (or ctx ends); a
+	// negative wait returns once the run is claimed. Either way the
+	// execution is not cut short: it goes on in this client after Start
+	// returns.
+	Wait time.Duration
 }
 
 // Outcome says what Start found for the idempotency key.
@@ -42,7 +49,7 @@ const (
 	// OutcomeInProgress: a live executor holds the run's lease.
 	OutcomeInProgress
 	// OutcomeResumable: the run is unfinished and nobody holds a live lease
-	// (its executor died, released it, or is backing off). Resume takes it
+	// (its executor died, released it, or is backing off). TakeOver takes it
 	// over.
 	OutcomeResumable
 )
@@ -65,42 +72,48 @@ func (o Outcome) String() string {
 type StartResult struct {
 	Outcome Outcome
 	// Run is the run's state after the call: for OutcomeCreated by Start,
-	// as the inline execution left it — or, when the execution was
-	// abandoned or superseded (Start then returns an error), as it was
-	// claimed; read it again (Client.Run) for its state now.
+	// as the inline execution left it — or, when Start stopped waiting
+	// first or the execution was superseded, as it was claimed; read it
+	// again (Client.GetRun) for its state now.
 	Run *Run
 }
 
-// Start claims the idempotency key and, if the key was new, executes the run
-// inline until it finishes, fails retryably or ctx ends. When the key exists
-// Start executes nothing and reports which case holds; a key reused with a
-// different workflow or input returns a *MismatchError.
+// Start claims the idempotency key and, if the key was new, executes the
+// run in this client and waits until the execution concludes (the run
+// finishes, or is released to be retried), p.Wait elapses or ctx ends.
+// When the key exists Start executes nothing and reports which case holds;
+// a key reused with a different workflow or input returns a
+// *MismatchError.
 //
-// An error that ends the inline execution early (ctx cancelled, lease lost,
-// database unreachable) is returned along with the result: the run is then
+// The execution does not belong to the caller: it runs on a context
+// detached from ctx's cancellation (keeping its values, such as the trace),
+// so a caller that stops waiting — an HTTP client that hangs up, a wait
+// that elapses — leaves it running; Shutdown hands it over if it outlasts
+// the process. When the wait ends first, the result holds the run as it
+// was claimed (still running), with a nil error if p.Wait elapsed and
+// ctx's error if ctx ended. Read the run again (Client.GetRun) for its
+// state later.
+//
+// An error that ends the execution itself early (lease lost, database
+// unreachable, Shutdown) is returned along with the result: the run is then
 // unfinished and will be resumed. A workflow's own failure is not an error
 // of Start: it is in the run's Status and Error.
 func (c *Client) Start(ctx context.Context, p StartParams) (*StartResult, error) {
 	return c.start(ctx, nil, nil, p, true)
 }
 
-// Claim claims the idempotency key as Start does, leasing a new run to this
-// client, but returns before executing it. For OutcomeCreated the caller
-// then calls Execute, typically on another goroutine with a context of its
-// own (the HTTP layer does, to bound how long a request waits). If it never
-// does, the lease expires and a worker takes the run over.
-func (c *Client) Claim(ctx context.Context, p StartParams) (*StartResult, error) {
+// claim claims the idempotency key as Start does, leasing a new run to
+// this client, but returns before executing it.
+func (c *Client) claim(ctx context.Context, p StartParams) (*StartResult, error) {
 	return c.start(ctx, nil, nil, p, false)
 }
 
-// Execute executes a run that Claim just created for this client, as Start
-// would have, and returns its state as the execution left it. Once Shutdown
-// has begun it executes nothing: it hands the run over at once, so that
-// another process continues it without waiting for the lease to expire,
-// and returns ErrShutdown.
-func (c *Client) Execute(ctx context.Context, res *StartResult) (*Run, error) {
+// executeClaimed executes a run that claim just created for this client,
+// on ctx, and returns its state as the execution left it. Once Shutdown
+// has begun it executes nothing: it hands the run over at once.
+func (c *Client) executeClaimed(ctx context.Context, res *StartResult) (*Run, error) {
 	if res == nil || res.Outcome != OutcomeCreated || !c.holds(res.Run) {
-		return nil, errors.New("engine: Execute needs a run created by this client's Claim")
+		return nil, errors.New("engine: executeClaimed needs a run created by this client's claim")
 	}
 	done, draining := c.admit()
 	defer done()
@@ -114,6 +127,44 @@ func (c *Client) Execute(ctx context.Context, res *StartResult) (*Run, error) {
 	return c.execute(ctx, def, res.Run, nil)
 }
 
+// executeDetached executes a run start just created, on a context of its
+// own, and waits for it as Start documents. The caller is admitted (see
+// enter), so the execution's own admission cannot meet a finished
+// Shutdown.
+func (c *Client) executeDetached(ctx context.Context, def definition, res *StartResult, wait time.Duration) (*StartResult, error) {
+	done := c.hold()
+	type outcome struct {
+		run *Run
+		err error
+	}
+	concluded := make(chan outcome, 1)
+	go func() {
+		defer done()
+		run, err := c.execute(context.WithoutCancel(ctx), def, res.Run, nil)
+		concluded <- outcome{run, err}
+	}()
+	var timeout <-chan time.Time
+	if wait < 0 {
+		return res, nil
+	}
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case o := <-concluded:
+		if o.run != nil {
+			res.Run = o.run
+		}
+		return res, o.err
+	case <-timeout:
+		return res, nil
+	case <-ctx.Done():
+		return res, fmt.Errorf("engine: stopped waiting for run %s, which goes on: %w", res.Run.ID, context.Cause(ctx))
+	}
+}
+
 // StartTx claims the idempotency key in the caller's transaction, so the run
 // exists if and only if tx commits. It executes nothing: the created run is
 // pending and unleased, for Resume (or a worker) to execute after commit.
@@ -124,7 +175,7 @@ func (c *Client) StartTx(ctx context.Context, tx pgx.Tx, p StartParams) (*StartR
 	return c.start(ctx, tx, nil, p, false)
 }
 
-// start implements Start, Claim (tx == nil) and StartTx. def is the typed
+// start implements Start, claim (tx == nil) and StartTx. def is the typed
 // caller's workflow, or nil to look p.Workflow up. A created run is executed
 // when execute is set.
 func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartParams, execute bool) (*StartResult, error) {
@@ -178,11 +229,7 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 			if !execute {
 				return res, nil
 			}
-			run, err := c.execute(ctx, def, run, nil)
-			if run != nil {
-				res.Run = run
-			}
-			return res, err
+			return c.executeDetached(ctx, def, res, p.Wait)
 		}
 		existing, err := c.lookupKey(ctx, db, p.Tenant, p.IdempotencyKey)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -281,14 +328,16 @@ WHERE id = $1
 	AND (lease_expires_at IS NULL OR lease_expires_at <= now())
 RETURNING ` + runColumns
 
-// Resume takes over an unfinished run whose lease has expired or been
-// released, with a new lease token, and executes it from its recovery point:
-// committed phases return their journaled output without running.
+// TakeOver takes over an unfinished run whose lease has expired or been
+// released, with a new lease token, and executes it on ctx from its
+// recovery point: committed phases return their journaled output without
+// running. A worker does this for every due run; call it to continue one
+// at once. If ctx ends first, the run is released for another executor.
 //
 // A finished run is returned as it is, with nothing executed. A run leased
 // by a live executor returns a *LeaseHeldError. An unknown id returns
 // ErrRunNotFound.
-func (c *Client) Resume(ctx context.Context, runID string) (*Run, error) {
+func (c *Client) TakeOver(ctx context.Context, runID string) (*Run, error) {
 	if err := checkRunID(runID); err != nil {
 		return nil, err
 	}

@@ -129,7 +129,7 @@ func TestStartSameKeyDifferentInputIsMismatch(t *testing.T) {
 
 	first, err := wf.Start(ctx, c, "k", order{Amount: 5, Customer: "cus_1"}, nil)
 	require.NoError(t, err)
-	before, err := c.Run(ctx, first.Run.ID)
+	before, err := c.GetRun(ctx, first.Run.ID)
 	require.NoError(t, err)
 
 	_, err = wf.Start(ctx, c, "k", order{Amount: 6, Customer: "cus_1"}, nil)
@@ -138,7 +138,7 @@ func TestStartSameKeyDifferentInputIsMismatch(t *testing.T) {
 	require.ErrorIs(t, err, engine.ErrFingerprintMismatch)
 	require.Equal(t, first.Run.ID, mismatch.RunID)
 
-	after, err := c.Run(ctx, first.Run.ID)
+	after, err := c.GetRun(ctx, first.Run.ID)
 	require.NoError(t, err)
 	require.Equal(t, before, after, "the stored run is untouched")
 	require.Equal(t, 1, b.counter(t, "cus_1"), "nothing executed")
@@ -210,7 +210,7 @@ func TestStartTxCreatesRunOnlyIfCallerCommits(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.OutcomeResumable, again.Outcome, "a committed, unexecuted run is resumable")
 
-	run, err := c.Resume(ctx, res.Run.ID)
+	run, err := c.TakeOver(ctx, res.Run.ID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, run.Status)
 	require.Equal(t, 1, b.counter(t, "cus_tx"))

@@ -118,11 +118,11 @@ func journaled[T any](name string, out T) ([]byte, T, error) {
 	var zero T
 	raw, err := json.Marshal(out)
 	if err != nil {
-		return nil, zero, Permanent("invalid_output", fmt.Errorf("phase %q: encode output: %w", name, err))
+		return nil, zero, steps.Permanent("invalid_output", fmt.Errorf("phase %q: encode output: %w", name, err))
 	}
 	var again T
 	if err := json.Unmarshal(raw, &again); err != nil {
-		return nil, zero, Permanent("invalid_output", fmt.Errorf("phase %q: output does not decode from its own JSON: %w", name, err))
+		return nil, zero, steps.Permanent("invalid_output", fmt.Errorf("phase %q: output does not decode from its own JSON: %w", name, err))
 	}
 	return raw, again, nil
 }

@@ -139,7 +139,7 @@ func TestStepRetriesExhaustedLeaveRunResumable(t *testing.T) {
 
 	// The gateway recovers (requests 6 and 7 still fail, then it answers):
 	// resuming finishes the run with the same key and a single charge.
-	run, err := c.Resume(context.Background(), res.Run.ID)
+	run, err := c.TakeOver(context.Background(), res.Run.ID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, run.Status)
 	require.Equal(t, 1, gw.Stats().Charges)

@@ -206,7 +206,7 @@ func TestResumedRunLinksToTheRequestAndCountsRecoveryAndFencing(t *testing.T) {
 
 	// B resumes in a trace of its own (a worker's job).
 	jobCtx, job := o.tp.Tracer("test").Start(context.Background(), "river.work")
-	_, err := bc.Resume(jobCtx, runID)
+	_, err := bc.TakeOver(jobCtx, runID)
 	job.End()
 	require.NoError(t, err)
 	close(flowA.gate)

@@ -13,6 +13,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ratchet-run/ratchet/steps"
 )
 
 // Retention says how long a finished run, and so its idempotency key, is
@@ -132,7 +134,7 @@ func (w *Workflow[In, Out]) invoke(ctx context.Context, input []byte) ([]byte, e
 	if err := json.Unmarshal(input, &in); err != nil {
 		// Input was checked when the run was created; a failure here means
 		// the input type changed incompatibly since.
-		return nil, Permanent("invalid_input", fmt.Errorf("decode stored input: %w", err))
+		return nil, steps.Permanent("invalid_input", fmt.Errorf("decode stored input: %w", err))
 	}
 	out, err := w.fn(ctx, in)
 	if err != nil {
@@ -140,7 +142,7 @@ func (w *Workflow[In, Out]) invoke(ctx context.Context, input []byte) ([]byte, e
 	}
 	b, err := json.Marshal(out)
 	if err != nil {
-		return nil, Permanent("invalid_output", fmt.Errorf("encode output: %w", err))
+		return nil, steps.Permanent("invalid_output", fmt.Errorf("encode output: %w", err))
 	}
 	return b, nil
 }
@@ -258,18 +260,23 @@ type StartOpts struct {
 	// Traceparent is the W3C trace context of the request that creates the
 	// run, stored so that resumed executions link to it.
 	Traceparent string
+	// Wait bounds how long Start waits for the run's execution, which goes
+	// on after Start returns (see StartParams.Wait). StartTx ignores it.
+	Wait time.Duration
 }
 
 func (o *StartOpts) params(name, key string, input []byte) StartParams {
 	p := StartParams{Workflow: name, IdempotencyKey: key, Input: input}
 	if o != nil {
-		p.Tenant, p.Traceparent = o.Tenant, o.Traceparent
+		p.Tenant, p.Traceparent, p.Wait = o.Tenant, o.Traceparent, o.Wait
 	}
 	return p
 }
 
 // Start starts (or attaches to) the run for key with input in on client c,
-// as Client.Start does, and decodes the output of a succeeded run.
+// as Client.Start does, and decodes the output of a succeeded run. The
+// execution is detached from ctx: calling Start with an HTTP request's
+// context is safe, and a client that hangs up stops only the wait.
 func (w *Workflow[In, Out]) Start(ctx context.Context, c *Client, key string, in In, opts *StartOpts) (*Result[Out], error) {
 	input, err := json.Marshal(in)
 	if err != nil {

@@ -91,18 +91,21 @@ func TestRecovererFinishesRunsThatNobodyExecutes(t *testing.T) {
 
 	// A run created in a transaction, and one whose executor died: its
 	// claim's lease (made by another client) has expired.
-	startTx(t, pool, c, "noop", "created")
+	startTx(t, pool, c, "noop", "crashed")
 	dead, err := engine.NewClient(pool, &engine.Config{Workflows: workflows, ID: "dead"})
 	require.NoError(t, err)
-	crashed, err := dead.Claim(ctx, engine.StartParams{Workflow: "noop", IdempotencyKey: "crashed", Input: []byte(`{}`)})
+	claimed, err := dead.ClaimDue(ctx, 10) // and never continued
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE ratchet.runs SET lease_expires_at = now() WHERE id = $1`, crashed.Run.ID)
+	require.Len(t, claimed, 1)
+	crashed := claimed[0]
+	_, err = pool.Exec(ctx, `UPDATE ratchet.runs SET lease_expires_at = now() WHERE id = $1`, crashed.ID)
 	require.NoError(t, err)
+	startTx(t, pool, c, "noop", "created")
 
 	startRecoverer(t, c, nil)
 	got := done.await(t, 2)
-	require.True(t, got[crashed.Run.ID])
-	run, err := c.Run(ctx, crashed.Run.ID)
+	require.True(t, got[crashed.ID])
+	run, err := c.GetRun(ctx, crashed.ID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, run.Status)
 	require.EqualValues(t, 2, run.LeaseToken, "taken over with a new token")

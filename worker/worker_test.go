@@ -54,7 +54,7 @@ func TestRetryableFailureIsRetriedAtNextAttempt(t *testing.T) {
 	nextAttempt := *res.Run.NextAttemptAt
 
 	b.awaitFinished(t, 30*time.Second, "f1")
-	run, err := w.Engine().Run(context.Background(), res.Run.ID)
+	run, err := w.Engine().GetRun(context.Background(), res.Run.ID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, run.Status)
 	require.Equal(t, 2, executions)

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oklog/ulid/v2"
 
-	"github.com/ratchet-run/ratchet/api"
 	"github.com/ratchet-run/ratchet/internal/fakes"
 	"github.com/ratchet-run/ratchet/internal/pgboot"
 	"github.com/ratchet-run/ratchet/internal/telemetry"
@@ -92,7 +91,7 @@ func (c *devCmd) Run(e *env) error {
 		ln.Close()
 		return err
 	}
-	srv := api.NewServer(c.Addr, a.handler, api.DefaultMaxWait)
+	srv := a.handler.NewServer(c.Addr, nil)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	base := "http://" + ln.Addr().String()

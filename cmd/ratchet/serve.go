@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 
-	"github.com/ratchet-run/ratchet/api"
 	"github.com/ratchet-run/ratchet/internal/telemetry"
 	"github.com/ratchet-run/ratchet/migrations"
 )
@@ -35,7 +34,7 @@ func (c *serveCmd) Run(e *env) error {
 		ln.Close()
 		return err
 	}
-	srv := api.NewServer(c.Addr, a.handler, api.DefaultMaxWait)
+	srv := a.handler.NewServer(c.Addr, nil)
 	fmt.Fprintf(e.stdout, "ratchet API listening on http://%s (worker: %t)\n", ln.Addr(), c.Worker)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

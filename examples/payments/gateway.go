@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/ratchet-run/ratchet/engine"
 	"github.com/ratchet-run/ratchet/steps"
 )
 
@@ -35,7 +34,7 @@ func (p *Payments) charge(ctx context.Context, in Input) (charge, error) {
 	if err := steps.CheckResponse(resp); err != nil {
 		var status *steps.StatusError
 		if errors.As(err, &status) && status.StatusCode == http.StatusPaymentRequired {
-			return ch, engine.Permanent("card_declined", errors.New("the card was declined"))
+			return ch, steps.Permanent("card_declined", errors.New("the card was declined"))
 		}
 		return ch, err
 	}

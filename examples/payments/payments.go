@@ -116,7 +116,7 @@ func (in Input) validate() error {
 		problems = append(problems, "email must be an address")
 	}
 	if len(problems) > 0 {
-		return engine.Permanent("invalid_payment", errors.New(strings.Join(problems, "; ")))
+		return steps.Permanent("invalid_payment", errors.New(strings.Join(problems, "; ")))
 	}
 	return nil
 }
@@ -140,7 +140,7 @@ func (p *Payments) pay(ctx context.Context, in Input) (Output, error) {
 		return p.charge(ctx, in)
 	}, nil)
 	if err != nil {
-		var perm *engine.PermanentError
+		var perm *steps.PermanentError
 		if errors.As(err, &perm) {
 			// Record the decline, then fail the run with it.
 			if _, ferr := engine.Atomic(ctx, "payment_declined", func(ctx context.Context, tx pgx.Tx) (struct{}, error) {

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/steps"
 )
 
 // WorkflowName is the name the transfer workflow is registered under.
@@ -82,7 +83,7 @@ type debit struct {
 
 func transfer(ctx context.Context, in TransferInput) (TransferOutput, error) {
 	if in.Amount <= 0 || in.From == "" || in.To == "" || in.From == in.To {
-		return TransferOutput{}, engine.Permanent("invalid_transfer", fmt.Errorf("want two different accounts and a positive amount, got %+v", in))
+		return TransferOutput{}, steps.Permanent("invalid_transfer", fmt.Errorf("want two different accounts and a positive amount, got %+v", in))
 	}
 	d, err := engine.Atomic(ctx, "debited", func(ctx context.Context, tx pgx.Tx) (debit, error) {
 		var d debit
@@ -91,13 +92,13 @@ func transfer(ctx context.Context, in TransferInput) (TransferOutput, error) {
 			return d, err
 		}
 		if !exists {
-			return d, engine.Permanent("unknown_account", fmt.Errorf("no account %q", in.To))
+			return d, steps.Permanent("unknown_account", fmt.Errorf("no account %q", in.To))
 		}
 		err := tx.QueryRow(ctx, `
 			UPDATE quickstart.accounts SET balance = balance - $2
 			WHERE name = $1 AND balance >= $2 RETURNING balance`, in.From, in.Amount).Scan(&d.Balance)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return d, engine.Permanent("insufficient_funds", fmt.Errorf("%w in %q", ErrInsufficientFunds, in.From))
+			return d, steps.Permanent("insufficient_funds", fmt.Errorf("%w in %q", ErrInsufficientFunds, in.From))
 		}
 		if err != nil {
 			return d, err
