@@ -60,7 +60,7 @@ func (c *Client) cancel(ctx context.Context, db dbtx, runID string) (*Run, error
 	}
 	var ttl *time.Duration
 	if def, err := c.workflows.lookup(lr.Workflow); err == nil {
-		ttl = def.retentionClass().TTL()
+		ttl = def.ttl(StatusCancelled)
 	}
 	run, ok, err := queryRun(ctx, db, cancelSQL, runID, cancelledError, ttl)
 	if err != nil {

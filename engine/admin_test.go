@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http/httptest"
 	"testing"
@@ -200,4 +201,62 @@ func TestClaimThenExecute(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, run.Status)
 	require.Equal(t, 1, b.counter(t, "x"))
+}
+
+// CancelTx and ReopenTx hold if and only if the caller's transaction
+// commits, together with its own writes.
+func TestCancelTxAndReopenTxJoinTheCallersTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	workflows := engine.NewWorkflows()
+	_, err := engine.Register(workflows, "declined", func(ctx context.Context, _ struct{}) (int, error) {
+		return 0, steps.Permanent("card_declined", errors.New("declined"))
+	}, nil)
+	require.NoError(t, err)
+	c := b.client(t, workflows, nil)
+	pending := startUnleased(t, b, c, "declined", "pending")
+
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	run, err := c.CancelTx(ctx, tx, pending.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCancelled, run.Status, "as the transaction sees it")
+	require.NoError(t, tx.Rollback(ctx))
+	run, err = c.GetRun(ctx, pending.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusPending, run.Status, "rolled back with the caller's transaction")
+
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := bump(ctx, tx, "order_cancelled"); err != nil {
+			return err
+		}
+		_, err := c.CancelTx(ctx, tx, pending.ID)
+		return err
+	}))
+	run, err = c.GetRun(ctx, pending.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCancelled, run.Status)
+	require.Equal(t, 1, b.counter(t, "order_cancelled"))
+
+	failed, err := c.Start(ctx, engine.StartParams{Workflow: "declined", IdempotencyKey: "failed", Input: []byte(`{}`)})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusFailed, failed.Run.Status)
+	tx, err = b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = c.ReopenTx(ctx, tx, failed.Run.ID)
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(ctx))
+	run, err = c.GetRun(ctx, failed.Run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusFailed, run.Status, "rolled back")
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := c.ReopenTx(ctx, tx, failed.Run.ID)
+		return err
+	}))
+	run, err = c.GetRun(ctx, failed.Run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusPending, run.Status, "reopened on commit")
+	_, err = c.ReopenTx(ctx, nil, failed.Run.ID)
+	require.Error(t, err)
 }

@@ -44,10 +44,11 @@ type Config struct {
 	// Defaults to StaleAfter/3. Must be shorter than StaleAfter.
 	HeartbeatInterval time.Duration
 
-	// RetryBackoff returns how long to wait before executing a run again
-	// after its attempt-th execution failed with a retryable error.
-	// Defaults to DefaultRetryBackoff.
-	RetryBackoff func(attempt int) time.Duration
+	// Retry says when a run that failed retryably is executed again, and
+	// when it gives up, for workflows without a RetryPolicy of their own
+	// (WorkflowOpts.Retry). Its zero value retries for ever, waiting 1s
+	// doubling to 5 minutes, ±20%.
+	Retry RetryPolicy
 
 	// StepPolicy retries external steps that do not set their own. Its zero
 	// fields take steps.Policy's defaults (5 attempts within a minute,
@@ -86,9 +87,7 @@ func (c *Config) WithDefaults() *Config {
 	if out.HeartbeatInterval == 0 {
 		out.HeartbeatInterval = out.StaleAfter / 3
 	}
-	if out.RetryBackoff == nil {
-		out.RetryBackoff = DefaultRetryBackoff
-	}
+	out.Retry = out.Retry.withDefaults()
 	out.StepPolicy = out.StepPolicy.WithDefaults()
 	if out.StepTimeout == 0 {
 		out.StepTimeout = 30 * time.Second
@@ -112,18 +111,10 @@ func (c *Config) validate() error {
 	case c.StepTimeout < 0:
 		return fmt.Errorf("engine: Config.StepTimeout %s is negative", c.StepTimeout)
 	}
+	if err := c.Retry.validate(); err != nil {
+		return fmt.Errorf("engine: Config.Retry: %w", err)
+	}
 	return c.StepPolicy.Validate()
-}
-
-// runBackoff is the default wait between executions of a run that failed
-// retryably: steps' exponential backoff with run-sized bounds.
-var runBackoff = steps.Policy{InitialInterval: time.Second, MaxInterval: 5 * time.Minute, Jitter: 0.2}
-
-// DefaultRetryBackoff waits 1s after the first failed execution, doubling
-// up to 5 minutes, with ±20% jitter so that runs failed together do not
-// retry together.
-func DefaultRetryBackoff(attempt int) time.Duration {
-	return runBackoff.Delay(max(attempt, 1), nil)
 }
 
 // Client starts, executes and resumes runs. It is safe for concurrent use.

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/steps"
 )
 
 // startUnleased creates a pending, unleased run with StartTx, as a service
@@ -47,20 +48,22 @@ func TestClaimDueTakesOverExactlyTheRunsThatAreDue(t *testing.T) {
 	workflows := engine.NewWorkflows()
 	failOnce := map[string]bool{}
 	var mu sync.Mutex
-	_, err := engine.Register(workflows, "flaky", func(ctx context.Context, in struct{ Key string }) (int, error) {
+	_, err := engine.Register(workflows, "flaky", func(ctx context.Context, in struct {
+		Key     string
+		Backoff time.Duration
+	}) (int, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if !failOnce[in.Key] {
 			failOnce[in.Key] = true
-			return 0, errors.New("downstream unavailable")
+			return 0, steps.RetryAfter(in.Backoff, errors.New("downstream unavailable"))
 		}
 		return 1, nil
 	}, nil)
 	require.NoError(t, err)
 	_, err = engine.Register(workflows, "noop", func(context.Context, struct{}) (int, error) { return 1, nil }, nil)
 	require.NoError(t, err)
-	backoffs := map[string]time.Duration{}
-	c := b.client(t, workflows, &engine.Config{RetryBackoff: func(int) time.Duration { return backoffs["next"] }})
+	c := b.client(t, workflows, nil)
 
 	pending := startUnleased(t, b, c, "noop", "pending")
 	claimed, err := c.Claim(ctx, engine.StartParams{Workflow: "noop", IdempotencyKey: "live", Input: []byte(`{}`)})
@@ -74,8 +77,7 @@ func TestClaimDueTakesOverExactlyTheRunsThatAreDue(t *testing.T) {
 	require.Nil(t, finished.Run.DueAt, "a finished run is never due")
 
 	start := func(key string, backoff time.Duration) *engine.Run {
-		backoffs["next"] = backoff
-		res, err := c.Start(ctx, engine.StartParams{Workflow: "flaky", IdempotencyKey: key, Input: []byte(`{"Key": "` + key + `"}`)})
+		res, err := c.Start(ctx, engine.StartParams{Workflow: "flaky", IdempotencyKey: key, Input: []byte(fmt.Sprintf(`{"Key": %q, "Backoff": %d}`, key, backoff))})
 		require.NoError(t, err)
 		require.Equal(t, engine.StatusPending, res.Run.Status)
 		require.Equal(t, res.Run.NextAttemptAt, res.Run.DueAt, "a run backing off is due when the backoff ends")
@@ -176,7 +178,7 @@ func TestContinueExecutesFromTheRecoveryPoint(t *testing.T) {
 		return engine.Atomic(ctx, "second", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "second") })
 	}, nil)
 	require.NoError(t, err)
-	c := b.client(t, workflows, &engine.Config{RetryBackoff: func(int) time.Duration { return 0 }})
+	c := b.client(t, workflows, &engine.Config{Retry: constantRetry(0)})
 	res, err := c.Start(ctx, engine.StartParams{Workflow: "two", IdempotencyKey: "k", Input: []byte(`{}`)})
 	require.NoError(t, err)
 	require.Equal(t, "first", res.Run.RecoveryPoint)
@@ -206,7 +208,7 @@ func TestExecutionTimeoutReleasesTheRunToBeRetried(t *testing.T) {
 		})
 	}, nil)
 	require.NoError(t, err)
-	c := b.client(t, workflows, &engine.Config{RetryBackoff: func(int) time.Duration { return time.Hour }})
+	c := b.client(t, workflows, &engine.Config{Retry: constantRetry(time.Hour)})
 	startUnleased(t, b, c, "slow", "k")
 	runs, err := c.ClaimDue(ctx, 1)
 	require.NoError(t, err)

@@ -124,6 +124,9 @@ const (
 	CodeIndeterminate    = "indeterminate"
 	CodeCancelled        = "cancelled"
 	CodeExecutionTimeout = "execution_timeout"
+	// CodeRetriesExhausted: the run's RetryPolicy gave up (MaxAttempts or
+	// MaxElapsed); the message carries the last error.
+	CodeRetriesExhausted = "retries_exhausted"
 	// CodePhaseIdleTimeout: an atomic phase sat idle in its transaction
 	// for longer than StaleAfter, and Postgres ended the session (the
 	// zombie guard, docs/engine.md). Do slow work in a step.

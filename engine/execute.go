@@ -142,7 +142,7 @@ func (c *Client) conclude(ctx context.Context, ex *execution, output []byte, err
 		// abandoned to its lease nor retried at once.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		return c.retryLater(ctx, ex, &RunError{Code: CodeExecutionTimeout, Message: cause.Error(), Retryable: true})
+		return c.retryLater(ctx, ex, cause, &RunError{Code: CodeExecutionTimeout, Message: cause.Error(), Retryable: true})
 	}
 	if cause := context.Cause(ctx); errors.Is(cause, crashpoint.ErrCrashed) {
 		// The test kit's crash: nothing more is written, and the lease
@@ -181,7 +181,7 @@ func (c *Client) conclude(ctx context.Context, ex *execution, output []byte, err
 	case fatal != nil:
 		return c.finish(ctx, ex, StatusFailed, nil, classify(fatal))
 	case broken != nil:
-		return c.retryLater(ctx, ex, c.runError(broken))
+		return c.retryLater(ctx, ex, broken, c.runError(broken))
 	case err == nil:
 		return c.finish(ctx, ex, StatusSucceeded, output, nil)
 	}
@@ -189,7 +189,7 @@ func (c *Client) conclude(ctx context.Context, ex *execution, output []byte, err
 	if !runErr.Retryable {
 		return c.finish(ctx, ex, StatusFailed, nil, runErr)
 	}
-	return c.retryLater(ctx, ex, runErr)
+	return c.retryLater(ctx, ex, err, runErr)
 }
 
 // finishSQL ends a run: status, output or error, expiry, and the lease
@@ -211,7 +211,7 @@ RETURNING ` + runColumns
 
 func (c *Client) finish(ctx context.Context, ex *execution, status Status, output []byte, runErr *RunError) (*Run, error) {
 	run, ok, err := queryRun(ctx, c.pool, finishSQL,
-		ex.run.ID, ex.run.LeaseToken, status, output, runErr, ex.def.retentionClass().TTL(), ex.def.responseStatus(status, runErr))
+		ex.run.ID, ex.run.LeaseToken, status, output, runErr, ex.def.ttl(status), ex.def.responseStatus(status, runErr))
 	if err != nil {
 		return nil, fmt.Errorf("engine: finish run %s: %w", ex.run.ID, err)
 	}
@@ -238,8 +238,19 @@ UPDATE ratchet.runs SET
 WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
 RETURNING ` + runColumns
 
-func (c *Client) retryLater(ctx context.Context, ex *execution, runErr *RunError) (*Run, error) {
-	backoff := c.cfg.RetryBackoff(ex.run.Attempt)
+// retryLater releases the run to be executed again after the backoff its
+// retry policy gives for cause, or fails it if the policy gives up.
+func (c *Client) retryLater(ctx context.Context, ex *execution, cause error, runErr *RunError) (*Run, error) {
+	policy := c.cfg.Retry
+	if p := ex.def.retryPolicy(); p != nil {
+		policy = *p
+	}
+	backoff := policy.delay(ex.run.Attempt, cause)
+	if policy.givesUp(ex.run.Attempt, ex.run.CreatedAt, backoff) {
+		c.logger.WarnContext(ctx, "run failed retryably and its retry policy gives up",
+			slog.String("run_id", ex.run.ID), slog.Int("attempt", ex.run.Attempt), slog.String("error", runErr.Message))
+		return c.finish(ctx, ex, StatusFailed, nil, exhausted(ex.run.Attempt, runErr))
+	}
 	run, ok, err := queryRun(ctx, c.pool, retrySQL, ex.run.ID, ex.run.LeaseToken, runErr, backoff)
 	if err != nil {
 		return nil, fmt.Errorf("engine: release run %s for retry: %w", ex.run.ID, err)

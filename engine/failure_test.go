@@ -77,7 +77,7 @@ func TestRetryableErrorLeavesRunUnfinishedWithBackoff(t *testing.T) {
 	b := setup(t)
 	const backoff = time.Hour
 	c := b.client(t, registerFailing(t, func() error { return errors.New("gateway timeout") }),
-		&engine.Config{RetryBackoff: func(int) time.Duration { return backoff }})
+		&engine.Config{Retry: constantRetry(backoff)})
 
 	res := start(t, c, "failing", "k")
 	run := res.Run

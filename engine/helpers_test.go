@@ -98,3 +98,9 @@ func receive[T any](t *testing.T, ch <-chan T) T {
 		panic("unreachable")
 	}
 }
+
+// constantRetry retries a run after d every time (at once for 0), for ever.
+func constantRetry(d time.Duration) engine.RetryPolicy {
+	d = max(d, time.Nanosecond)
+	return engine.RetryPolicy{InitialInterval: d, MaxInterval: d, Multiplier: 1, Jitter: -1}
+}

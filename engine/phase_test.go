@@ -51,7 +51,7 @@ func TestAPhaseReturnsWhatItsReplayWillReturn(t *testing.T) {
 		return v.Public, nil
 	}, nil)
 	require.NoError(t, err)
-	c := b.client(t, workflows, &engine.Config{RetryBackoff: func(int) time.Duration { return 0 }})
+	c := b.client(t, workflows, &engine.Config{Retry: constantRetry(0)})
 	res, err := c.Start(context.Background(), engine.StartParams{Workflow: "lossy", IdempotencyKey: "k", Input: []byte(`{}`)})
 	require.NoError(t, err)
 	_, err = c.TakeOver(context.Background(), res.Run.ID)
@@ -79,7 +79,7 @@ func TestMisconfigurationsSayWhatToDo(t *testing.T) {
 		})
 	}, nil)
 	require.NoError(t, err)
-	c := b.client(t, workflows, &engine.Config{StaleAfter: 300 * time.Millisecond, RetryBackoff: func(int) time.Duration { return time.Hour }})
+	c := b.client(t, workflows, &engine.Config{StaleAfter: 300 * time.Millisecond, Retry: constantRetry(time.Hour)})
 
 	res, err := c.Start(ctx, engine.StartParams{Workflow: "idle", IdempotencyKey: "a", Input: []byte(`{}`)})
 	require.NoError(t, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/steps"
 )
 
 type order struct {
@@ -216,32 +218,43 @@ func TestStartTxCreatesRunOnlyIfCallerCommits(t *testing.T) {
 	require.Equal(t, 1, b.counter(t, "cus_tx"))
 }
 
-func TestRetentionClassSetsExpiry(t *testing.T) {
+func TestRetentionSetsExpiry(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	for _, tc := range []struct {
-		retention engine.Retention
-		want      time.Duration // 0: never expires
+	for i, tc := range []struct {
+		retention, failed time.Duration
+		customer          string
+		want              time.Duration // 0: never expires
 	}{
-		{engine.Retention24h, 24 * time.Hour},
-		{engine.Retention7d, 7 * 24 * time.Hour},
-		{engine.RetentionForever, 0},
-		{"", 24 * time.Hour}, // the default
+		{engine.Retention24h, 0, "r", 24 * time.Hour},
+		{engine.Retention7d, 0, "r", 7 * 24 * time.Hour},
+		{120 * 24 * time.Hour, 0, "r", 120 * 24 * time.Hour}, // a chargeback window
+		{engine.RetentionForever, 0, "r", 0},
+		{0, 0, "r", 24 * time.Hour}, // the default
+		// A failed run keeps FailedRetention, defaulting to Retention.
+		{engine.RetentionForever, engine.Retention24h, "cus_declined", 24 * time.Hour},
+		{engine.Retention7d, 0, "cus_declined", 7 * 24 * time.Hour},
 	} {
 		workflows := engine.NewWorkflows()
-		wf := registerCharge(t, workflows, &engine.WorkflowOpts{Retention: tc.retention})
+		_, err := engine.Register(workflows, "charge", func(ctx context.Context, in order) (int, error) {
+			if in.Customer == "cus_declined" {
+				return 0, steps.Permanent("card_declined", errors.New("declined"))
+			}
+			return 1, nil
+		}, &engine.WorkflowOpts{Retention: tc.retention, FailedRetention: tc.failed})
+		require.NoError(t, err)
 		c := b.client(t, workflows, nil)
-		res, err := wf.Start(ctx, c, "retention-"+string(tc.retention), order{Customer: "r"}, nil)
+		res, err := c.Start(ctx, engine.StartParams{Workflow: "charge", IdempotencyKey: fmt.Sprint("retention-", i), Input: []byte(fmt.Sprintf(`{"customer":%q}`, tc.customer))})
 		require.NoError(t, err)
 		run := res.Run
 		require.NotNil(t, run.FinishedAt)
 		if tc.want == 0 {
-			require.Nil(t, run.ExpiresAt, "retention %q keeps the run forever", tc.retention)
+			require.Nil(t, run.ExpiresAt, "case %d keeps the run forever", i)
 			continue
 		}
-		require.NotNil(t, run.ExpiresAt, "retention %q", tc.retention)
-		require.Equal(t, tc.want, run.ExpiresAt.Sub(*run.FinishedAt), "retention %q", tc.retention)
+		require.NotNil(t, run.ExpiresAt, "case %d", i)
+		require.Equal(t, tc.want, run.ExpiresAt.Sub(*run.FinishedAt), "case %d", i)
 	}
 }
 
@@ -260,8 +273,12 @@ func TestRegisterRejectsBadDefinitions(t *testing.T) {
 			_, err := engine.Register[struct{}, struct{}](workflows, "nil", nil, nil)
 			return err
 		},
-		"unknown retention": func() error {
-			_, err := engine.Register(workflows, "r", noop, &engine.WorkflowOpts{Retention: "1y"})
+		"negative retention": func() error {
+			_, err := engine.Register(workflows, "r", noop, &engine.WorkflowOpts{Retention: -time.Hour})
+			return err
+		},
+		"bad retry policy": func() error {
+			_, err := engine.Register(workflows, "p", noop, &engine.WorkflowOpts{Retry: &engine.RetryPolicy{Multiplier: 0.5}})
 			return err
 		},
 	} {

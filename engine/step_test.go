@@ -128,7 +128,7 @@ func TestStepRetriesExhaustedLeaveRunResumable(t *testing.T) {
 	defer srv.Close()
 	workflows := engine.NewWorkflows()
 	registerPay(t, workflows, srv.URL, nil)
-	c := b.client(t, workflows, &engine.Config{StepPolicy: fastRetries, RetryBackoff: func(int) time.Duration { return 0 }})
+	c := b.client(t, workflows, &engine.Config{StepPolicy: fastRetries, Retry: constantRetry(0)})
 
 	res := startPay(t, context.Background(), c, "pay-1", payment{Amount: 1, Customer: "cus_123"})
 	require.Equal(t, engine.StatusPending, res.Run.Status, "unfinished, not failed")

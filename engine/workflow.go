@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"reflect"
 	"sort"
 	"sync"
@@ -17,41 +18,36 @@ import (
 	"github.com/ratchet-run/ratchet/steps"
 )
 
-// Retention says how long a finished run, and so its idempotency key, is
-// kept. It sets expires_at when the run finishes.
-type Retention string
-
+// Retentions of finished runs (WorkflowOpts.Retention): how long a run,
+// and so its idempotency key, is kept once it finishes. Any other positive
+// duration is valid too: a chargeback window of 120 days, say.
 const (
-	// Retention24h keeps a finished run for a day, the window HTTP clients
-	// are promised for retries. The default.
-	Retention24h Retention = "24h"
-	// Retention7d keeps a finished run for a week, for consumers that
-	// replay messages.
-	Retention7d Retention = "7d"
+	// Retention24h is the window HTTP clients are promised for retries.
+	// The default.
+	Retention24h = 24 * time.Hour
+	// Retention7d suits consumers that replay messages.
+	Retention7d = 7 * 24 * time.Hour
+	// Retention30d is the window of Stripe's v2 idempotency keys.
+	Retention30d = 30 * 24 * time.Hour
 	// RetentionForever never expires a run: for ledgers and money.
-	RetentionForever Retention = "forever"
+	RetentionForever = time.Duration(math.MaxInt64)
 )
-
-// TTL returns how long a finished run is kept, or nil for ever.
-func (r Retention) TTL() *time.Duration {
-	var d time.Duration
-	switch r {
-	case Retention24h:
-		d = 24 * time.Hour
-	case Retention7d:
-		d = 7 * 24 * time.Hour
-	default:
-		return nil
-	}
-	return &d
-}
 
 // WorkflowOpts are options for Register. A nil *WorkflowOpts is valid.
 type WorkflowOpts struct {
 	// Version is recorded with every run. Defaults to 1.
 	Version int
-	// Retention of finished runs. Defaults to Retention24h.
-	Retention Retention
+	// Retention is how long a finished run is kept: its expires_at is set
+	// at finish, and the worker prunes it then (a key reused after that
+	// is a new request). Defaults to Retention24h.
+	Retention time.Duration
+	// FailedRetention is how long a run that finishes failed or cancelled
+	// is kept. Defaults to Retention; a money flow that keeps its
+	// successes for ever may keep a refused input for a day.
+	FailedRetention time.Duration
+	// Retry says when a run that failed retryably is executed again, and
+	// when it gives up. Defaults to the client's Config.Retry.
+	Retry *RetryPolicy
 	// SuccessStatus is the response status stored with a succeeded run, for
 	// the HTTP layer to send and replay. Defaults to 201.
 	SuccessStatus int
@@ -72,7 +68,9 @@ const (
 type Workflow[In, Out any] struct {
 	name          string
 	ver           int
-	retention     Retention
+	retention     time.Duration // of succeeded runs
+	failRetention time.Duration // of failed and cancelled runs
+	retry         *RetryPolicy  // nil: the client's
 	successStatus int
 	errorStatuses map[string]int
 	fn            func(context.Context, In) (Out, error)
@@ -82,7 +80,10 @@ type Workflow[In, Out any] struct {
 type definition interface {
 	Name() string
 	version() int
-	retentionClass() Retention
+	// ttl is how long a run finishing as status is kept; nil for ever.
+	ttl(status Status) *time.Duration
+	// retryPolicy is the workflow's own retry policy, or nil.
+	retryPolicy() *RetryPolicy
 	// responseStatus is the status stored with a run finishing as status
 	// with err.
 	responseStatus(status Status, err *RunError) *int
@@ -95,7 +96,18 @@ type definition interface {
 // Name returns the name the workflow was registered under.
 func (w *Workflow[In, Out]) Name() string              { return w.name }
 func (w *Workflow[In, Out]) version() int              { return w.ver }
-func (w *Workflow[In, Out]) retentionClass() Retention { return w.retention }
+func (w *Workflow[In, Out]) retryPolicy() *RetryPolicy { return w.retry }
+
+func (w *Workflow[In, Out]) ttl(status Status) *time.Duration {
+	d := w.retention
+	if status != StatusSucceeded {
+		d = w.failRetention
+	}
+	if d == RetentionForever {
+		return nil
+	}
+	return &d
+}
 
 func (w *Workflow[In, Out]) responseStatus(status Status, err *RunError) *int {
 	var s int
@@ -166,7 +178,7 @@ func Register[In, Out any](r *Workflows, name string, fn func(ctx context.Contex
 	if opts == nil {
 		opts = &WorkflowOpts{}
 	}
-	w := &Workflow[In, Out]{name: name, ver: opts.Version, retention: opts.Retention, fn: fn,
+	w := &Workflow[In, Out]{name: name, ver: opts.Version, retention: opts.Retention, failRetention: opts.FailedRetention, fn: fn,
 		successStatus: opts.SuccessStatus, errorStatuses: make(map[string]int, len(opts.ErrorStatuses))}
 	for code, status := range opts.ErrorStatuses {
 		if status < 400 || status > 599 {
@@ -183,8 +195,18 @@ func Register[In, Out any](r *Workflows, name string, fn func(ctx context.Contex
 	if w.ver == 0 {
 		w.ver = 1
 	}
-	if w.retention == "" {
+	if w.retention == 0 {
 		w.retention = Retention24h
+	}
+	if w.failRetention == 0 {
+		w.failRetention = w.retention
+	}
+	if opts.Retry != nil {
+		p := opts.Retry.withDefaults()
+		if err := p.validate(); err != nil {
+			return nil, fmt.Errorf("engine: workflow %q: %w", name, err)
+		}
+		w.retry = &p
 	}
 	switch {
 	case !validName(name):
@@ -193,8 +215,8 @@ func Register[In, Out any](r *Workflows, name string, fn func(ctx context.Contex
 		return nil, fmt.Errorf("engine: workflow %q: nil function", name)
 	case w.ver < 0:
 		return nil, fmt.Errorf("engine: workflow %q: negative version %d", name, w.ver)
-	case w.retention != Retention24h && w.retention != Retention7d && w.retention != RetentionForever:
-		return nil, fmt.Errorf("engine: workflow %q: unknown retention %q (want 24h, 7d or forever)", name, w.retention)
+	case w.retention < 0 || w.failRetention < 0:
+		return nil, fmt.Errorf("engine: workflow %q: negative retention (RetentionForever keeps runs for ever)", name)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -177,8 +177,8 @@ func TestPruneDeletesExpiredFinishedRunsInBatches(t *testing.T) {
 	ctx := context.Background()
 	pool := testdb.New(t, nil)
 	workflows := engine.NewWorkflows()
-	for _, r := range []engine.Retention{engine.Retention24h, engine.RetentionForever} {
-		_, err := engine.Register(workflows, "wf-"+string(r), func(context.Context, struct{}) (int, error) { return 1, nil }, &engine.WorkflowOpts{Retention: r})
+	for name, r := range map[string]time.Duration{"24h": engine.Retention24h, "forever": engine.RetentionForever} {
+		_, err := engine.Register(workflows, "wf-"+name, func(context.Context, struct{}) (int, error) { return 1, nil }, &engine.WorkflowOpts{Retention: r})
 		require.NoError(t, err)
 	}
 	_, err := engine.Register(workflows, "stuck", func(context.Context, struct{}) (int, error) { return 0, context.Canceled }, nil)

@@ -129,10 +129,41 @@ func Classify(err error) Class {
 	return ClassRetryable
 }
 
-// retryAfter returns the downstream's requested wait carried by err.
+// RetryAfterError asks for the next attempt no earlier than Delay from
+// now: a retry policy waits exactly that long instead of its backoff.
+type RetryAfterError struct {
+	Delay time.Duration
+	Err   error
+}
+
+// RetryAfter wraps err to say when to try again: a step's policy waits d
+// before its next attempt, and a workflow that returns it is executed again
+// after d (a card to retry tomorrow, a downstream that named its hour).
+// The error stays retryable; a run's policy may still give up first.
+func RetryAfter(d time.Duration, err error) error {
+	return &RetryAfterError{Delay: max(d, 0), Err: err}
+}
+
+func (e *RetryAfterError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("retry after %s", e.Delay)
+	}
+	return fmt.Sprintf("%v (retry after %s)", e.Err, e.Delay)
+}
+
+func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+// retryAfter returns the wait err asks for: a RetryAfterError's, else a
+// downstream's Retry-After.
 func retryAfter(err error) time.Duration {
-	var status *StatusError
-	if errors.As(err, &status) {
+	var (
+		ra     *RetryAfterError
+		status *StatusError
+	)
+	switch {
+	case errors.As(err, &ra):
+		return max(ra.Delay, 1) // a zero delay is "now", not "no opinion"
+	case errors.As(err, &status):
 		return status.RetryAfter
 	}
 	return 0

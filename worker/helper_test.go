@@ -175,7 +175,7 @@ func helperMain() error {
 		Engine: engine.Config{
 			Workflows: workflows, StaleAfter: staleAfter,
 			StepPolicy:   steps.Policy{InitialInterval: 10 * time.Millisecond, MaxAttempts: 3},
-			RetryBackoff: func(int) time.Duration { return 100 * time.Millisecond },
+			Retry: engine.RetryPolicy{InitialInterval: 100 * time.Millisecond, Multiplier: 1, Jitter: -1},
 		},
 		InsertOnly:    os.Getenv("INSERT_ONLY") != "",
 		ShutdownGrace: durationEnv("GRACE", 5*time.Second),

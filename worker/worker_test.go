@@ -46,7 +46,7 @@ func TestRetryableFailureIsRetriedAtNextAttempt(t *testing.T) {
 	}, nil)
 	require.NoError(t, err)
 	const backoff = 700 * time.Millisecond
-	w := startWorker(t, b, workflows, &worker.Config{Engine: engine.Config{RetryBackoff: func(int) time.Duration { return backoff }}})
+	w := startWorker(t, b, workflows, &worker.Config{Engine: engine.Config{Retry: engine.RetryPolicy{InitialInterval: backoff, Multiplier: 1, Jitter: -1}}})
 
 	res, err := w.Engine().Start(context.Background(), engine.StartParams{Workflow: "flaky", IdempotencyKey: "f1", Input: []byte(`{}`)})
 	require.NoError(t, err)
