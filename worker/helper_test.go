@@ -174,8 +174,8 @@ func helperMain() error {
 	w, err := worker.New(pool, &worker.Config{
 		Engine: engine.Config{
 			Workflows: workflows, StaleAfter: staleAfter,
-			StepPolicy:   steps.Policy{InitialInterval: 10 * time.Millisecond, MaxAttempts: 3},
-			Retry: engine.RetryPolicy{InitialInterval: 100 * time.Millisecond, Multiplier: 1, Jitter: -1},
+			StepPolicy: steps.Policy{InitialInterval: 10 * time.Millisecond, MaxAttempts: 3},
+			Retry:      engine.RetryPolicy{InitialInterval: 100 * time.Millisecond, Multiplier: 1, Jitter: -1},
 		},
 		InsertOnly:    os.Getenv("INSERT_ONLY") != "",
 		ShutdownGrace: durationEnv("GRACE", 5*time.Second),
