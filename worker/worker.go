@@ -216,6 +216,15 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 // Engine returns the process's engine client.
 func (w *Worker) Engine() *engine.Client { return w.engine }
 
+// River returns the process's River client, for the application's own
+// jobs: the transactional outbox is InsertTx with the transaction of an
+// atomic phase, so the job exists if and only if the phase commits. Its
+// jobs live in Ratchet's schema (migrations.Schema, "ratchet"), beside
+// River's tables that migrations.Apply creates; the workers of their kinds
+// go in Config.Workers and their queues in Config.Queues. An insert-only
+// worker's client inserts but works nothing.
+func (w *Worker) River() *river.Client[pgx.Tx] { return w.river }
+
 // Start begins resuming due runs and working jobs (nothing, for an
 // insert-only worker). Work continues until Stop; ctx only bounds starting.
 func (w *Worker) Start(ctx context.Context) error {
