@@ -94,48 +94,64 @@ type tokenHash struct {
 	tenant string
 }
 
+// withDefaults returns a copy of c with every unset field at its default,
+// or why it cannot work.
+func (c *Config) withDefaults() (*Config, error) {
+	out := *c
+	if out.DefaultWait == 0 {
+		out.DefaultWait = DefaultWait
+	}
+	if out.MaxWait == 0 {
+		out.MaxWait = DefaultMaxWait
+	}
+	if out.MaxBodyBytes == 0 {
+		out.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if out.Ready == nil {
+		out.Ready = out.Engine.Ping
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &out, out.validate()
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.DefaultWait < 0 || c.MaxWait < 0 || c.DefaultWait > c.MaxWait:
+		return fmt.Errorf("api: want 0 <= DefaultWait (%s) <= MaxWait (%s)", c.DefaultWait, c.MaxWait)
+	case c.MaxBodyBytes < 0:
+		return errors.New("api: negative MaxBodyBytes")
+	case c.PathPrefix != "" && (!strings.HasPrefix(c.PathPrefix, "/") || strings.HasSuffix(c.PathPrefix, "/") || strings.ContainsAny(c.PathPrefix, "{}? \t")):
+		return fmt.Errorf("api: PathPrefix %q: want a path like /ratchet, without a trailing slash, braces or spaces", c.PathPrefix)
+	}
+	for token, tenant := range c.Tokens {
+		if token == "" || tenant == "" {
+			return errors.New("api: empty token or tenant in Config.Tokens")
+		}
+	}
+	return nil
+}
+
 // New returns the API handler.
 func New(cfg *Config) (*Handler, error) {
 	if cfg == nil || cfg.Engine == nil {
 		return nil, errors.New("api: Config.Engine is required")
 	}
-	h := &Handler{cfg: *cfg, engine: cfg.Engine, draining: make(chan struct{})}
-	c := &h.cfg
-	if c.DefaultWait == 0 {
-		c.DefaultWait = DefaultWait
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
-	if c.MaxWait == 0 {
-		c.MaxWait = DefaultMaxWait
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	switch {
-	case c.DefaultWait < 0 || c.MaxWait < 0 || c.DefaultWait > c.MaxWait:
-		return nil, fmt.Errorf("api: want 0 <= DefaultWait (%s) <= MaxWait (%s)", c.DefaultWait, c.MaxWait)
-	case c.MaxBodyBytes < 0:
-		return nil, errors.New("api: negative MaxBodyBytes")
-	case c.PathPrefix != "" && (!strings.HasPrefix(c.PathPrefix, "/") || strings.HasSuffix(c.PathPrefix, "/") || strings.ContainsAny(c.PathPrefix, "{}? \t")):
-		return nil, fmt.Errorf("api: PathPrefix %q: want a path like /ratchet, without a trailing slash, braces or spaces", c.PathPrefix)
-	}
-	if c.Ready == nil {
-		c.Ready = c.Engine.Ping
-	}
+	h := &Handler{cfg: *c, engine: c.Engine, draining: make(chan struct{})}
+	c = &h.cfg
 	h.logger = c.Logger
-	if h.logger == nil {
-		h.logger = slog.New(slog.DiscardHandler)
-	}
 	for token, tenant := range c.Tokens {
-		if token == "" || tenant == "" {
-			return nil, errors.New("api: empty token or tenant in Config.Tokens")
-		}
 		h.tokens = append(h.tokens, tokenHash{sum: sha256.Sum256([]byte(token)), tenant: tenant})
 	}
 
 	h.mux = http.NewServeMux()
-	var route func(pattern string, handler http.Handler)
 	prefix := c.PathPrefix
-	route = func(pattern string, handler http.Handler) {
+	route := func(pattern string, handler http.Handler) {
 		method, path, _ := strings.Cut(pattern, " ")
 		pattern = method + " " + prefix + path
 		h.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -157,7 +173,6 @@ func New(cfg *Config) (*Handler, error) {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	var err error
 	h.responses, err = mp.Meter(instrumentation).Int64Counter("ratchet.api.responses",
 		metric.WithDescription("API responses by status (409: in progress or conflict; 422: key reused)."), metric.WithUnit("{response}"))
 	if err != nil {

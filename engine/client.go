@@ -74,8 +74,8 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// WithDefaults returns a copy of c with every unset field at its default.
-func (c *Config) WithDefaults() *Config {
+// withDefaults returns a copy of c with every unset field at its default.
+func (c *Config) withDefaults() *Config {
 	out := *c
 	if out.ID == "" {
 		host, _ := os.Hostname()
@@ -147,7 +147,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if cfg == nil {
 		cfg = &Config{}
 	}
-	cfg = cfg.WithDefaults()
+	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}

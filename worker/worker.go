@@ -41,19 +41,11 @@ type Config struct {
 	// transaction). For API-only processes.
 	InsertOnly bool
 
-	// PollInterval is how often this process looks for due runs in the
-	// runs table: crashed, released for a retry, created unleased or handed
-	// over. It bounds how late after its lease expires a run is taken
-	// over. Defaults to recovery.DefaultPollInterval (500ms).
-	PollInterval time.Duration
-	// MaxExecutions bounds the runs this process resumes at once (inline
-	// executions of the API are not counted). Defaults to
-	// recovery.DefaultMaxExecutions (20).
-	MaxExecutions int
-	// ExecutionTimeout bounds one resumed execution; one that outlasts it
-	// is stopped and its run released to be retried after backoff.
-	// Defaults to recovery.DefaultExecutionTimeout (10 minutes).
-	ExecutionTimeout time.Duration
+	// Recovery tunes how this process finds and resumes due runs (crashed,
+	// released for a retry, created unleased or handed over): how often it
+	// polls, how many it executes at once, how long one may take. Its
+	// Logger defaults to the worker's.
+	Recovery recovery.Config
 	// ShutdownGrace is how long Stop lets executions finish before handing
 	// their runs over to other processes. Defaults to 5s.
 	ShutdownGrace time.Duration
@@ -155,10 +147,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		return nil, err
 	}
 	if !cfg.InsertOnly {
-		w.recoverer, err = recovery.New(w.engine, &recovery.Config{
-			PollInterval: cfg.PollInterval, MaxExecutions: cfg.MaxExecutions,
-			ExecutionTimeout: cfg.ExecutionTimeout, Logger: cfg.Logger,
-		})
+		rc := cfg.Recovery
+		if rc.Logger == nil {
+			rc.Logger = cfg.Logger
+		}
+		w.recoverer, err = recovery.New(w.engine, &rc)
 		if err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
 		}

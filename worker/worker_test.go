@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/recovery"
 	"github.com/ratchet-run/ratchet/worker"
 )
 
@@ -20,7 +21,7 @@ func startWorker(t *testing.T, b *testBundle, workflows *engine.Workflows, cfg *
 		cfg = &worker.Config{}
 	}
 	cfg.Engine.Workflows = workflows
-	cfg.PollInterval = 20 * time.Millisecond
+	cfg.Recovery.PollInterval = 20 * time.Millisecond
 	w, err := worker.New(b.pool, cfg)
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
@@ -122,7 +123,7 @@ func TestConfigIsValidated(t *testing.T) {
 		want string
 	}{
 		{worker.Config{FetchPollInterval: time.Microsecond}, "FetchPollInterval"},
-		{worker.Config{PollInterval: time.Hour}, "PollInterval"},
+		{worker.Config{Recovery: recovery.Config{PollInterval: time.Hour}}, "PollInterval"},
 		{worker.Config{JobTimeout: time.Minute, RescueStuckJobsAfter: time.Second}, "RescueStuckJobsAfter"},
 	} {
 		tc.cfg.Engine.Workflows = workflows
