@@ -2,7 +2,9 @@
 // public package are those in testdata/surface.golden (so that nothing
 // joins the surface by accident), and every exported function, type and
 // method is used by a runnable example, so that each has code showing what
-// it is for. Constants and variables (statuses, codes, sentinel errors,
+// it is for. Example code is a file with a runnable example (an Example
+// function with an Output comment) and the tests of the programs in
+// examples/, which use the test kit as adopters will. Constants and variables (statuses, codes, sentinel errors,
 // defaults) are pinned by the golden file and documented where they are
 // declared; methods that satisfy the standard interfaces (Error, Unwrap,
 // String, ServeHTTP) count as used when their type is.
@@ -11,8 +13,10 @@ package surface
 import (
 	"flag"
 	"go/ast"
+	"go/importer"
 	"go/parser"
 	"go/token"
+	"go/types"
 	"os"
 	"path/filepath"
 	"sort"
@@ -99,64 +103,116 @@ func receiverType(e ast.Expr) string {
 	return ""
 }
 
-// exampleUses returns what the repository's runnable examples (Example
-// functions with an Output comment) refer to: "importpath.Name" for
-// qualified identifiers, ".Name" for any other selector (a method or a
-// field, whose type the parser does not know).
+// exampleUses returns the objects the repository's example code refers
+// to (see below), as
+// "importpath.Name" or "importpath.Type.Method", resolved by the type
+// checker. Each example file is checked on its own, so references to
+// helpers in its package's other test files go unresolved (and are not
+// needed: only the public packages' objects are counted).
 func exampleUses(t *testing.T, root string) map[string]bool {
 	t.Helper()
-	uses := map[string]bool{}
+	fset := token.NewFileSet()
+	// The test files of each package, by directory and package name.
+	packages := map[[2]string][]*ast.File{}
+	examplesDir := filepath.Join(root, "examples") + string(filepath.Separator)
 	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !strings.HasSuffix(path, "_test.go") {
 			return err
 		}
-		fset := token.NewFileSet()
 		f, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
 		if err != nil {
 			return err
 		}
-		imports := map[string]string{}
-		for _, imp := range f.Imports {
-			p := strings.Trim(imp.Path.Value, `"`)
-			name := p[strings.LastIndex(p, "/")+1:]
-			if imp.Name != nil {
-				name = imp.Name.Name
-			}
-			imports[name] = p
-		}
-		for _, decl := range f.Decls {
-			fn, ok := decl.(*ast.FuncDecl)
-			if !ok || fn.Recv != nil || !strings.HasPrefix(fn.Name.Name, "Example") || !hasOutput(f, fn) {
-				continue
-			}
-			ast.Inspect(fn.Body, func(n ast.Node) bool {
-				sel, ok := n.(*ast.SelectorExpr)
-				if !ok {
-					return true
-				}
-				if id, ok := sel.X.(*ast.Ident); ok && imports[id.Name] != "" {
-					uses[imports[id.Name]+"."+sel.Sel.Name] = true
-				} else {
-					uses["."+sel.Sel.Name] = true
-				}
-				return true
-			})
-			// Composite literals name fields without a selector.
-			ast.Inspect(fn.Body, func(n ast.Node) bool {
-				if kv, ok := n.(*ast.KeyValueExpr); ok {
-					if id, ok := kv.Key.(*ast.Ident); ok {
-						uses["."+id.Name] = true
-					}
-				}
-				return true
-			})
-		}
+		key := [2]string{filepath.Dir(path), f.Name.Name}
+		packages[key] = append(packages[key], f)
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	uses := map[string]bool{}
+	imp := importer.ForCompiler(fset, "source", nil)
+	for key, files := range packages {
+		// Example code is every function of a file with a runnable
+		// example (its helpers and types belong to it), and every test of
+		// the example programs, which show the test kit at work.
+		var examples []*ast.FuncDecl
+		for _, f := range files {
+			runnable := strings.HasPrefix(key[0]+string(filepath.Separator), examplesDir)
+			for _, decl := range f.Decls {
+				if fn, ok := decl.(*ast.FuncDecl); ok && fn.Recv == nil && strings.HasPrefix(fn.Name.Name, "Example") && hasOutput(f, fn) {
+					runnable = true
+				}
+			}
+			if !runnable {
+				continue
+			}
+			for _, decl := range f.Decls {
+				if fn, ok := decl.(*ast.FuncDecl); ok {
+					examples = append(examples, fn)
+				}
+			}
+		}
+		if len(examples) == 0 {
+			continue
+		}
+		// An in-package test package sees unexported names the source
+		// importer does not give (export_test.go): errors are expected,
+		// and the information on the examples is complete nonetheless.
+		info := &types.Info{Uses: map[*ast.Ident]types.Object{}, Types: map[ast.Expr]types.TypeAndValue{}}
+		conf := types.Config{Importer: imp, Error: func(error) {}}
+		conf.Check(key[1], fset, files, info) //nolint:errcheck // see above
+		for _, fn := range examples {
+			ast.Inspect(fn, func(n ast.Node) bool {
+				if id, ok := n.(*ast.Ident); ok {
+					if k := objectKey(info.Uses[id]); k != "" {
+						uses[k] = true
+					}
+				}
+				// A value of a type uses the type, named or not (the run a
+				// call returns, the outcome a switch reads).
+				if e, ok := n.(ast.Expr); ok {
+					if named := namedOf(info.Types[e].Type); named != nil {
+						uses[objectKey(named.Obj())] = true
+					}
+				}
+				return true
+			})
+		}
+	}
 	return uses
+}
+
+// namedOf returns the named type of t, through a pointer.
+func namedOf(t types.Type) *types.Named {
+	if p, ok := t.(*types.Pointer); ok {
+		t = p.Elem()
+	}
+	named, _ := t.(*types.Named)
+	return named
+}
+
+// objectKey names a package-level object or a method of a named type.
+func objectKey(obj types.Object) string {
+	if obj == nil || obj.Pkg() == nil {
+		return ""
+	}
+	if fn, ok := obj.(*types.Func); ok {
+		if recv := fn.Signature().Recv(); recv != nil {
+			t := recv.Type()
+			if p, ok := t.(*types.Pointer); ok {
+				t = p.Elem()
+			}
+			if named, ok := t.(*types.Named); ok {
+				return obj.Pkg().Path() + "." + named.Obj().Name() + "." + fn.Name()
+			}
+			return ""
+		}
+	}
+	if obj.Parent() != obj.Pkg().Scope() {
+		return "" // a local, a field or a parameter
+	}
+	return obj.Pkg().Path() + "." + obj.Name()
 }
 
 // hasOutput reports whether fn ends with an Output comment, which makes
@@ -180,9 +236,10 @@ func TestSurface(t *testing.T) {
 	var unused []string
 	for _, pkg := range public {
 		names := exported(t, filepath.Join(root, pkg))
+		path := module + "/" + pkg + "."
 		typeUsed := map[string]bool{}
 		for _, n := range names {
-			if typ, method, ok := strings.Cut(n.id, "."); ok && uses["."+method] && !implicit[method] {
+			if typ, method, ok := strings.Cut(n.id, "."); ok && uses[path+n.id] && !implicit[method] {
 				typeUsed[typ] = true // a method of it is called: the type is in use
 			}
 		}
@@ -191,16 +248,15 @@ func TestSurface(t *testing.T) {
 			typ, method, isMethod := strings.Cut(n.id, ".")
 			switch {
 			case n.value:
-				continue
 			case isMethod && implicit[method]:
-				if !uses[module+"/"+pkg+"."+typ] && !typeUsed[typ] {
+				if !uses[path+typ] && !typeUsed[typ] {
 					unused = append(unused, pkg+"."+n.id)
 				}
 			case isMethod:
-				if !uses["."+method] {
+				if !uses[path+n.id] {
 					unused = append(unused, pkg+"."+n.id)
 				}
-			case !uses[module+"/"+pkg+"."+n.id] && !typeUsed[n.id]:
+			case !uses[path+n.id] && !typeUsed[n.id]:
 				unused = append(unused, pkg+"."+n.id)
 			}
 		}
