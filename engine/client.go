@@ -44,6 +44,14 @@ type Config struct {
 	// Defaults to StaleAfter/3. Must be shorter than StaleAfter.
 	HeartbeatInterval time.Duration
 
+	// MaxInline bounds the runs this client executes inline at once (the
+	// executions Start begins, as the API's requests do). A Start beyond
+	// it executes nothing: it creates the run unleased and due at once,
+	// for a worker to execute, and returns it pending. It bounds the
+	// connections inline executions take (see worker.Config.Connections).
+	// Zero: no bound.
+	MaxInline int
+
 	// Retry says when a run that failed retryably is executed again, and
 	// when it gives up, for workflows without a RetryPolicy of their own
 	// (WorkflowOpts.Retry). Its zero value retries for ever, waiting 1s
@@ -108,6 +116,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("engine: Config.HeartbeatInterval %s must be positive and shorter than StaleAfter %s", c.HeartbeatInterval, c.StaleAfter)
 	case len(c.ID) > 255:
 		return errors.New("engine: Config.ID is longer than 255 bytes")
+	case c.MaxInline < 0:
+		return fmt.Errorf("engine: Config.MaxInline %d is negative", c.MaxInline)
 	case c.StepTimeout < 0:
 		return fmt.Errorf("engine: Config.StepTimeout %s is negative", c.StepTimeout)
 	}
@@ -128,6 +138,9 @@ type Client struct {
 	beginPhase string
 	tel        *telemetry
 	hooks      Hooks // the telemetry's, then Config.Hooks
+
+	// inline holds a token per inline execution when MaxInline bounds them.
+	inline chan struct{}
 
 	mu          sync.Mutex
 	active      int                     // Start and Resume calls in progress
@@ -159,8 +172,12 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if cfg.Hooks != nil {
 		hooks = hookChain{tel, cfg.Hooks}
 	}
+	var inline chan struct{}
+	if cfg.MaxInline > 0 {
+		inline = make(chan struct{}, cfg.MaxInline)
+	}
 	return &Client{
-		pool: pool, cfg: cfg, workflows: cfg.Workflows, logger: cfg.Logger, executions: map[*execution]struct{}{},
+		pool: pool, cfg: cfg, workflows: cfg.Workflows, logger: cfg.Logger, executions: map[*execution]struct{}{}, inline: inline,
 		tel: tel, hooks: hooks,
 		// An executor paused inside a phase's transaction (a "zombie") may
 		// hold the run's row lock, and a takeover would wait on it for as

@@ -124,3 +124,30 @@ func TestTakeOverStoppedByItsCallerReleasesTheRun(t *testing.T) {
 	require.NotNil(t, run.DueAt)
 	require.False(t, run.DueAt.After(time.Now().Add(time.Second)), "due at once")
 }
+
+// MaxInline bounds inline executions: a Start beyond it leaves the run,
+// unleased and due, to a worker, and says so by its status.
+func TestMaxInlineLeavesExtraRunsToAWorker(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	workflows, wf, entered, release := gate(t)
+	c := b.client(t, workflows, &engine.Config{MaxInline: 1})
+
+	_, err := wf.Start(context.Background(), c, "first", struct{}{}, &engine.StartOpts{Wait: -1})
+	require.NoError(t, err)
+	receive(t, entered) // the one slot is taken
+	second, err := wf.Start(context.Background(), c, "second", struct{}{}, nil)
+	require.NoError(t, err, "not an error: the run exists and will be executed")
+	require.Equal(t, engine.OutcomeCreated, second.Outcome)
+	require.Equal(t, engine.StatusPending, second.Run.Status)
+	require.Nil(t, second.Run.LeaseOwner, "unleased, for a worker")
+	require.NotNil(t, second.Run.DueAt)
+
+	close(release)
+	due, err := c.ClaimDue(context.Background(), 10)
+	require.NoError(t, err)
+	require.Equal(t, []string{second.Run.ID}, runIDs(due), "due at once")
+	run, err := c.Continue(context.Background(), due[0])
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, run.Status)
+}

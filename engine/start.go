@@ -94,6 +94,10 @@ type StartResult struct {
 // ctx's error if ctx ended. Read the run again (Client.GetRun) for its
 // state later.
 //
+// With Config.MaxInline executions already in progress, Start executes
+// nothing: the run it creates is unleased and due at once, for a worker,
+// and returned pending.
+//
 // An error that ends the execution itself early (lease lost, database
 // unreachable, Shutdown) is returned along with the result: the run is then
 // unfinished and will be resumed. A workflow's own failure is not an error
@@ -128,10 +132,11 @@ func (c *Client) executeClaimed(ctx context.Context, res *StartResult) (*Run, er
 }
 
 // executeDetached executes a run start just created, on a context of its
-// own, and waits for it as Start documents. The caller is admitted (see
+// own, and waits for it as Start documents. slot is called when the
+// execution ends. The caller is admitted (see
 // enter), so the execution's own admission cannot meet a finished
 // Shutdown.
-func (c *Client) executeDetached(ctx context.Context, def definition, res *StartResult, wait time.Duration) (*StartResult, error) {
+func (c *Client) executeDetached(ctx context.Context, def definition, res *StartResult, wait time.Duration, slot func()) (*StartResult, error) {
 	done := c.hold()
 	type outcome struct {
 		run *Run
@@ -140,6 +145,7 @@ func (c *Client) executeDetached(ctx context.Context, def definition, res *Start
 	concluded := make(chan outcome, 1)
 	go func() {
 		defer done()
+		defer slot()
 		run, err := c.execute(context.WithoutCancel(ctx), def, res.Run, nil)
 		concluded <- outcome{run, err}
 	}()
@@ -216,11 +222,24 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 	if tx != nil {
 		db = tx
 	}
+	// A run Start creates is born leased to this client, to execute it at
+	// once, unless MaxInline executions are in progress: then it is born
+	// unleased and due, for a worker.
+	lease, slot := tx == nil, func() {}
+	if execute && c.inline != nil {
+		select {
+		case c.inline <- struct{}{}:
+			slot = func() { <-c.inline }
+		default:
+			lease, execute = false, false
+		}
+	}
 	// A key pruned between the INSERT's conflict and the lookup is free
 	// again; try once more rather than report a run that no longer exists.
 	for range 3 {
-		run, created, err := c.claimKey(ctx, db, def, p, input, fp, tx == nil)
+		run, created, err := c.claimKey(ctx, db, def, p, input, fp, lease)
 		if err != nil {
+			slot()
 			return nil, err
 		}
 		if created {
@@ -229,8 +248,10 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 			if !execute {
 				return res, nil
 			}
-			return c.executeDetached(ctx, def, res, p.Wait)
+			return c.executeDetached(ctx, def, res, p.Wait, slot)
 		}
+		slot()
+		slot = func() {}
 		existing, err := c.lookupKey(ctx, db, p.Tenant, p.IdempotencyKey)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue

@@ -56,12 +56,15 @@ func Example() {
 	mail := &shippedWorker{sent: make(chan string, 1)}
 	workers := river.NewWorkers()
 	river.AddWorker(workers, mail)
-	w, err = worker.New(db.Pool, &worker.Config{
-		Engine:   engine.Config{Workflows: workflows},
+	cfg := &worker.Config{
+		Engine:   engine.Config{Workflows: workflows, MaxInline: 16},
 		Recovery: recovery.Config{PollInterval: 50 * time.Millisecond},
 		Workers:  workers,
 		Queues:   map[string]river.QueueConfig{"mail": {MaxWorkers: 2}},
-	})
+	}
+	// Size the process's pool (pool_max_conns) by its settings.
+	fmt.Println(cfg.Connections())
+	w, err = worker.New(db.Pool, cfg)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -84,6 +87,7 @@ func Example() {
 	defer cancel()
 	fmt.Println(w.Stop(stopCtx))
 	// Output:
+	// 52
 	// order-1
 	// <nil>
 }

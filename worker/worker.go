@@ -85,6 +85,44 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// Connections returns how many database connections a process with this
+// configuration may hold at once, to size its pool (pgxpool's
+// pool_max_conns) so that no execution waits for one:
+//
+//   - one per execution in progress, for its phase's transaction: the
+//     engine's inline executions (Engine.MaxInline; none counted when it
+//     is zero, which leaves them unbounded) and the resumed ones
+//     (Recovery.MaxExecutions), and a quarter as many again, at least
+//     two, for heartbeats sent while a phase holds its connection;
+//   - one for the recoverer's poll;
+//   - River's: its LISTEN connection, two for its leader's maintenance
+//     and its producers' fetches, and one per worker of every queue
+//     (Ratchet's and Config.Queues'), since a job may query as it works.
+//
+// An insert-only worker counts its inline executions and the heartbeats
+// alone. Requests that only read (GET a run) take a connection briefly
+// and share the headroom.
+func (c *Config) Connections() int {
+	cfg := c.withDefaults()
+	rec := cfg.Recovery
+	if rec.MaxExecutions == 0 {
+		rec.MaxExecutions = recovery.DefaultMaxExecutions
+	}
+	executions := cfg.Engine.MaxInline
+	if !cfg.InsertOnly {
+		executions += rec.MaxExecutions
+	}
+	n := executions + max(executions/4, 2)
+	if cfg.InsertOnly {
+		return n
+	}
+	n += 1 + 3 + 1 // the poll; River's LISTEN, maintenance, fetches; Ratchet's queue
+	for _, q := range cfg.Queues {
+		n += q.MaxWorkers
+	}
+	return n
+}
+
 func (c *Config) withDefaults() *Config {
 	out := *c
 	out.Queue = cmp.Or(out.Queue, DefaultQueue)

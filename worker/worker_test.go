@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
@@ -157,4 +158,20 @@ func TestStopKeepsToItsContextAndSaysWhatDidNotStop(t *testing.T) {
 	err = w.Stop(ctx)
 	require.ErrorIs(t, err, context.DeadlineExceeded, "not nil: an execution did not stop")
 	require.Less(t, time.Since(began), 2*time.Second, "the context's 500ms, not the 5s grace, and a second to hand over")
+}
+
+func TestConnectionsCountsEveryHolder(t *testing.T) {
+	t.Parallel()
+	defaults := &worker.Config{}
+	// 20 resumed executions, 5 for heartbeats, the poll, River's three and
+	// Ratchet's queue.
+	require.Equal(t, 20+5+1+3+1, defaults.Connections())
+	busy := &worker.Config{
+		Engine:   engine.Config{MaxInline: 40},
+		Recovery: recovery.Config{MaxExecutions: 8},
+		Queues:   map[string]river.QueueConfig{"a": {MaxWorkers: 4}, "b": {MaxWorkers: 6}},
+	}
+	require.Equal(t, 48+12+1+3+1+10, busy.Connections())
+	apiOnly := &worker.Config{Engine: engine.Config{MaxInline: 4}, InsertOnly: true}
+	require.Equal(t, 4+2, apiOnly.Connections(), "inline executions and their heartbeats alone")
 }

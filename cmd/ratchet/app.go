@@ -25,12 +25,24 @@ type appFlags struct {
 	GatewayURL string        `name:"gateway-url" env:"RATCHET_GATEWAY_URL" default:"http://127.0.0.1:4242" help:"Payment gateway base URL (env RATCHET_GATEWAY_URL)."`
 	MailURL    string        `name:"mail-url" env:"RATCHET_MAIL_URL" default:"http://127.0.0.1:4243" help:"Mail service base URL (env RATCHET_MAIL_URL)."`
 	Tokens     string        `name:"tokens" env:"RATCHET_TOKENS" help:"API bearer tokens as token=tenant pairs, comma separated (env RATCHET_TOKENS). None: no authentication, tenant \"default\"."`
+	MaxInline  int           `name:"max-inline" env:"RATCHET_MAX_INLINE" default:"32" help:"Runs the API executes inline at once; a start beyond it is answered 202 and left to a worker. Sizes the database pool with the worker's settings (env RATCHET_MAX_INLINE)."`
+}
+
+// workerConfig is the service's worker configuration but for what newApp
+// wires (workflows, River workers, logger): enough to size the pool.
+func workerConfig(f appFlags, work bool) *worker.Config {
+	return &worker.Config{
+		Engine:     engine.Config{StaleAfter: f.StaleAfter, MaxInline: f.MaxInline},
+		InsertOnly: !work,
+		Queues:     map[string]river.QueueConfig{payments.QueueReceipts: {MaxWorkers: 10}},
+	}
 }
 
 // app is a running service's parts.
 type app struct {
 	worker  *worker.Worker
 	handler *api.Handler
+	pool    *pgxpool.Pool
 }
 
 func parseTokens(s string) (map[string]string, error) {
@@ -74,13 +86,10 @@ func newApp(pool *pgxpool.Pool, f appFlags, work bool, logger *slog.Logger) (*ap
 	if err := pay.AddWorkers(riverWorkers); err != nil {
 		return nil, err
 	}
-	w, err := worker.New(pool, &worker.Config{
-		Engine:     engine.Config{Workflows: workflows, StaleAfter: f.StaleAfter, Logger: logger, Hooks: crashHooks()},
-		InsertOnly: !work,
-		Workers:    riverWorkers,
-		Queues:     map[string]river.QueueConfig{payments.QueueReceipts: {MaxWorkers: 10}},
-		Logger:     logger,
-	})
+	cfg := workerConfig(f, work)
+	cfg.Engine.Workflows, cfg.Engine.Logger, cfg.Engine.Hooks = workflows, logger, crashHooks()
+	cfg.Workers, cfg.Logger = riverWorkers, logger
+	w, err := worker.New(pool, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +101,7 @@ func newApp(pool *pgxpool.Pool, f appFlags, work bool, logger *slog.Logger) (*ap
 	if err != nil {
 		return nil, err
 	}
-	return &app{worker: w, handler: h}, nil
+	return &app{worker: w, handler: h, pool: pool}, nil
 }
 
 // demoBalances are the accounts dev opens for the quickstart transfer.

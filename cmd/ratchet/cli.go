@@ -35,7 +35,10 @@ type env struct {
 
 // dbFlags are the connection options shared by subcommands.
 type dbFlags struct {
-	DatabaseURL string `name:"database-url" env:"DATABASE_URL" default:"${default_database_url}" help:"Postgres connection string (env DATABASE_URL)."`
+	DatabaseURL string `name:"database-url" env:"DATABASE_URL" default:"${default_database_url}" help:"Postgres connection string (env DATABASE_URL); pool_max_conns in it overrides the pool size serve and worker compute."`
+
+	// conns sizes the pool connect opens; zero keeps pgxpool's default.
+	conns int
 }
 
 // Main parses args, runs the chosen subcommand and returns the exit code.
@@ -76,6 +79,9 @@ func (f *dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(f.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("bad database URL: %s", strings.TrimPrefix(err.Error(), "cannot parse `"+f.DatabaseURL+"`: "))
+	}
+	if f.conns > 0 && !strings.Contains(f.DatabaseURL, "pool_max_conns") {
+		cfg.MaxConns = int32(f.conns) // sized from the service's settings, unless the URL says otherwise
 	}
 	where := f.where()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

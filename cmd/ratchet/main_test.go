@@ -231,3 +231,32 @@ func TestBenchComparesBothEnginesInAScratchDatabaseItDrops(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "--phases 0")
 }
+
+// serve sizes its pool from its settings: the API's inline executions,
+// the worker's resumed ones and River's; a URL's pool_max_conns wins, with
+// a warning when it is too small.
+func TestServeSizesItsPoolFromItsSettings(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewURL(t)
+	var stderr bytes.Buffer
+	e := &env{ctx: context.Background(), stdout: io.Discard, stderr: &stderr}
+	f := appFlags{StaleAfter: 30 * time.Second, MaxInline: 32, GatewayURL: "http://127.0.0.1:1", MailURL: "http://127.0.0.1:1"}
+	a, closeApp, err := openApp(e, dbFlags{DatabaseURL: url}, f, true)
+	require.NoError(t, err)
+	defer closeApp()
+	// 32 inline + 20 resumed, a quarter again for heartbeats (13), the
+	// poll, River's three, Ratchet's queue and the receipts' 10 workers.
+	require.EqualValues(t, 32+20+13+1+3+1+10, a.pool.Config().MaxConns)
+	require.Equal(t, int(a.pool.Config().MaxConns), workerConfig(f, true).Connections())
+	require.NotContains(t, stderr.String(), "smaller")
+
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	small, closeSmall, err := openApp(e, dbFlags{DatabaseURL: url + sep + "pool_max_conns=7"}, f, false)
+	require.NoError(t, err)
+	defer closeSmall()
+	require.EqualValues(t, 7, small.pool.Config().MaxConns, "the URL's setting wins")
+	require.Contains(t, stderr.String(), "the database pool is smaller than these settings need")
+}

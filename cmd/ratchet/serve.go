@@ -60,7 +60,9 @@ type workerCmd struct {
 }
 
 func (c *workerCmd) Run(e *env) error {
-	a, closeApp, err := openApp(e, c.dbFlags, c.appFlags, true)
+	f := c.appFlags
+	f.MaxInline = 0 // no API: nothing executes inline
+	a, closeApp, err := openApp(e, c.dbFlags, f, true)
 	if err != nil {
 		return err
 	}
@@ -82,6 +84,7 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 // openApp connects to a migrated database, sets the example tables and
 // telemetry up, and wires the service. closeApp releases what it opened.
 func openApp(e *env, db dbFlags, f appFlags, work bool) (a *app, closeApp func(), err error) {
+	db.conns = workerConfig(f, work).Connections()
 	pool, err := db.connect(e.ctx)
 	if err != nil {
 		return nil, nil, err
@@ -103,7 +106,12 @@ func openApp(e *env, db dbFlags, f appFlags, work bool) (a *app, closeApp func()
 		_ = shutdown(context.WithoutCancel(e.ctx)) // best effort at exit
 		pool.Close()
 	}
-	if a, err = newApp(pool, f, work, newLogger(e.stderr, slog.LevelInfo)); err != nil {
+	logger := newLogger(e.stderr, slog.LevelInfo)
+	if have := int(pool.Config().MaxConns); have < db.conns {
+		logger.Warn("the database pool is smaller than these settings need: executions will wait for connections",
+			slog.Int("pool_max_conns", have), slog.Int("needed", db.conns))
+	}
+	if a, err = newApp(pool, f, work, logger); err != nil {
 		closeApp()
 		return nil, nil, err
 	}
