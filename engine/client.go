@@ -143,7 +143,7 @@ type Client struct {
 	inline chan struct{}
 
 	mu          sync.Mutex
-	active      int                     // Start and Resume calls in progress
+	active      int                     // Start, TakeOver and Continue calls and detached executions in progress
 	executions  map[*execution]struct{} // executions in progress
 	draining    bool                    // Shutdown has begun
 	handingOver bool                    // Shutdown's grace has ended

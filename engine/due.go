@@ -10,11 +10,11 @@ import (
 
 // claimDueSQL takes over up to $1 due runs of the workflows this client
 // knows ($4), the longest due first, for owner $2 with a lease of $3
-// (takeOverSet, as Resume's takeover).
+// (takeOverSet, as TakeOver's).
 //
 // due_at is derived by the database from the lease and the backoff (see
 // migration 0003): a run is due when it is unfinished, its lease absent or
-// expired and its backoff over. (Resume, asked for one run, does not wait
+// expired and its backoff over. (TakeOver, asked for one run, does not wait
 // for the backoff.) SKIP LOCKED lets every
 // process poll at once without queueing behind one another or behind an
 // executor inside a phase; a row locked here is re-checked against its

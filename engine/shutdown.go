@@ -8,12 +8,12 @@ import (
 	"time"
 )
 
-// ErrShutdown is returned by Start and Resume once Shutdown has begun, and
+// ErrShutdown is returned by Start and TakeOver once Shutdown has begun, and
 // is the cause with which Shutdown cancels executions that outlast its
 // grace: such an execution hands its run over instead of abandoning it.
 var ErrShutdown = errors.New("engine: client is shutting down")
 
-// enter admits a Start or Resume unless the client is shutting down. The
+// enter admits a Start or TakeOver unless the client is shutting down. The
 // returned function must be called when the call returns.
 func (c *Client) enter() (done func(), err error) {
 	done, draining := c.admit()

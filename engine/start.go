@@ -173,7 +173,7 @@ func (c *Client) executeDetached(ctx context.Context, def definition, res *Start
 
 // StartTx claims the idempotency key in the caller's transaction, so the run
 // exists if and only if tx commits. It executes nothing: the created run is
-// pending and unleased, for Resume (or a worker) to execute after commit.
+// pending and unleased, for a worker (or TakeOver) to execute after commit.
 func (c *Client) StartTx(ctx context.Context, tx pgx.Tx, p StartParams) (*StartResult, error) {
 	if tx == nil {
 		return nil, errors.New("engine: StartTx: nil transaction")
