@@ -124,7 +124,7 @@ func TestCrashMatrix(t *testing.T) {
 	gwSrv, mailSrv := httptest.NewServer(gateway), httptest.NewServer(mail)
 	defer gwSrv.Close()
 	defer mailSrv.Close()
-	env := []string{"DATABASE_URL=" + url, "RATCHET_GATEWAY_URL=" + gwSrv.URL, "RATCHET_MAIL_URL=" + mailSrv.URL, "RATCHET_STALE_AFTER=2s"}
+	env := []string{"DATABASE_URL=" + smallPool(url), "RATCHET_GATEWAY_URL=" + gwSrv.URL, "RATCHET_MAIL_URL=" + mailSrv.URL, "RATCHET_STALE_AFTER=2s"}
 
 	survivor := startService(t, bin, env, "serve", "--addr", "127.0.0.1:0")
 	client := &http.Client{Timeout: 30 * time.Second}
@@ -245,7 +245,7 @@ func TestSIGTERMAnswersWaitingClientsAtOnceAndEndsWithinTheGrace(t *testing.T) {
 	defer gwSrv.Close()
 	mailSrv := httptest.NewServer(fakes.NewMail(nil))
 	defer mailSrv.Close()
-	svc := startService(t, bin, []string{"DATABASE_URL=" + url, "RATCHET_GATEWAY_URL=" + gwSrv.URL, "RATCHET_MAIL_URL=" + mailSrv.URL},
+	svc := startService(t, bin, []string{"DATABASE_URL=" + smallPool(url), "RATCHET_GATEWAY_URL=" + gwSrv.URL, "RATCHET_MAIL_URL=" + mailSrv.URL},
 		"serve", "--addr", "127.0.0.1:0")
 
 	type answer struct {
@@ -297,4 +297,15 @@ func TestSIGTERMAnswersWaitingClientsAtOnceAndEndsWithinTheGrace(t *testing.T) {
 	require.Equal(t, "pending", status)
 	require.False(t, leased, "handed over, not left to its lease")
 	t.Logf("SIGTERM: client answered after %s, service exited after %s", a.at.Sub(term).Round(time.Millisecond), took.Round(time.Millisecond))
+}
+
+// smallPool caps a service's pool: several services run at once in the
+// suite beside other packages' tests, and the pool they would size from
+// their settings (serve's 80) would exhaust the server's connections.
+func smallPool(url string) string {
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	return url + sep + "pool_max_conns=12"
 }

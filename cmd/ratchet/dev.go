@@ -42,7 +42,8 @@ func (c *devCmd) Run(e *env) error {
 		return err
 	}
 	defer stopCluster()
-	pool, err := (&dbFlags{DatabaseURL: dsn}).connect(ctx)
+	flags := appFlags{StaleAfter: c.StaleAfter, MaxInline: 32}
+	pool, err := (&dbFlags{DatabaseURL: dsn, conns: workerConfig(flags, true).Connections()}).connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -79,7 +80,8 @@ func (c *devCmd) Run(e *env) error {
 	}
 	defer shutdown(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
 	logger := newLogger(e.stderr, slog.LevelWarn)
-	a, err := newApp(pool, appFlags{StaleAfter: c.StaleAfter, GatewayURL: "http://" + gwLn.Addr().String(), MailURL: "http://" + mailLn.Addr().String()}, true, logger)
+	flags.GatewayURL, flags.MailURL = "http://"+gwLn.Addr().String(), "http://"+mailLn.Addr().String()
+	a, err := newApp(pool, flags, true, logger)
 	if err != nil {
 		return err
 	}
