@@ -80,6 +80,11 @@ func setup(t testing.TB, cfg *api.Config) *testBundle {
 	}, &engine.WorkflowOpts{SuccessStatus: http.StatusCreated, ErrorStatuses: map[string]int{"card_declined": http.StatusPaymentRequired}})
 	require.NoError(t, err)
 
+	_, err = engine.Register(workflows, "nap", func(ctx context.Context, in echoIn) (echoIn, error) {
+		return in, engine.Sleep(ctx, "napped", time.Hour)
+	}, nil)
+	require.NoError(t, err)
+
 	gw := httptest.NewServer(fakes.NewGateway(nil))
 	t.Cleanup(gw.Close)
 	gwClient := &fakes.GatewayClient{BaseURL: gw.URL, HTTP: steps.NewClient(nil)}

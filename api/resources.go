@@ -25,11 +25,20 @@ type runResource struct {
 	Lease             *leaseResource   `json:"lease,omitempty"`
 	NextAttemptAt     *time.Time       `json:"next_attempt_at,omitempty"`
 	CancelRequestedAt *time.Time       `json:"cancel_requested_at,omitempty"`
-	CreatedAt         time.Time        `json:"created_at"`
-	UpdatedAt         time.Time        `json:"updated_at"`
-	FinishedAt        *time.Time       `json:"finished_at,omitempty"`
-	ExpiresAt         *time.Time       `json:"expires_at,omitempty"`
-	Phases            []phaseResource  `json:"phases,omitempty"`
+	// WaitingFor is what an unfinished run is parked for: the phase, and
+	// until when.
+	WaitingFor *waitResource   `json:"waiting_for,omitempty"`
+	CreatedAt  time.Time       `json:"created_at"`
+	UpdatedAt  time.Time       `json:"updated_at"`
+	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+	ExpiresAt  *time.Time      `json:"expires_at,omitempty"`
+	Phases     []phaseResource `json:"phases,omitempty"`
+}
+
+type waitResource struct {
+	Kind  engine.PhaseKind `json:"kind"`
+	Phase string           `json:"phase"`
+	Until *time.Time       `json:"until,omitempty"`
 }
 
 type leaseResource struct {
@@ -57,6 +66,9 @@ func newRunResource(r *engine.Run, phases []engine.Phase) runResource {
 		Status: r.Status, RecoveryPoint: r.RecoveryPoint, Attempt: r.Attempt, Output: r.Output, Error: r.Error,
 		NextAttemptAt: r.NextAttemptAt, CancelRequestedAt: r.CancelRequestedAt,
 		CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(), FinishedAt: utc(r.FinishedAt), ExpiresAt: utc(r.ExpiresAt),
+	}
+	if w := r.WaitingFor; w != nil && !r.Status.Finished() {
+		res.WaitingFor = &waitResource{Kind: w.Kind, Phase: w.Phase, Until: utc(w.Until)}
 	}
 	if r.LeaseExpiresAt != nil {
 		res.Lease = &leaseResource{Token: r.LeaseToken, ExpiresAt: utc(r.LeaseExpiresAt)}

@@ -137,7 +137,7 @@ type phaseRecord struct {
 // lease, which stops the execution just as safely).
 const commitPhaseSQL = `
 WITH advanced AS (
-	UPDATE ratchet.runs SET recovery_point = $3, updated_at = now()
+	UPDATE ratchet.runs SET recovery_point = $3, waiting_for = NULL, updated_at = now()
 	WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
 		AND (cancel_requested_at IS NULL OR $11)
 	RETURNING id, cancel_requested_at IS NOT NULL AS cancel
@@ -199,6 +199,8 @@ func (ex *execution) enter(name string) (memo *Phase, seq int, err error) {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
 	switch {
+	case ex.parked != nil:
+		return nil, 0, errParked
 	case ex.fatal != nil:
 		return nil, 0, ex.fatal
 	case ex.broken != nil:

@@ -309,3 +309,49 @@ func ExampleClient_Ping() {
 	// <nil>
 	// true
 }
+
+// A cooling-off period before a payout: the run parks, holding no
+// connection, goroutine or job, and a worker wakes it at its time.
+func ExampleSleep() {
+	ctx := context.Background()
+	db := exampleDatabase()
+	defer db.Close()
+	workflows := engine.NewWorkflows()
+	_, err := engine.Register(workflows, "payout", func(ctx context.Context, at time.Time) (string, error) {
+		if err := engine.Sleep(ctx, "cooling_off", 14*24*time.Hour); err != nil {
+			return "", err // parked: this execution ends here
+		}
+		if err := engine.SleepUntil(ctx, "banking_day", at); err != nil {
+			return "", err
+		}
+		return "paid out", nil
+	}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	client, err := engine.NewClient(db.Pool, &engine.Config{Workflows: workflows})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Shutdown(ctx) //nolint:errcheck
+	res, err := client.Start(ctx, engine.StartParams{Workflow: "payout", IdempotencyKey: "po-1", Input: []byte(`"2026-01-05T09:00:00Z"`)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	var wait *engine.Wait = res.Run.WaitingFor
+	fmt.Println(res.Run.Status, wait.Kind, wait.Phase, res.Run.DueAt.Sub(res.Run.UpdatedAt).Round(time.Hour))
+
+	// Two weeks on (the wait is cut short here), the run wakes: the first
+	// sleep commits, and the second one's time has long passed.
+	if _, err := db.Pool.Exec(ctx, `UPDATE ratchet.runs SET waiting_for = jsonb_set(waiting_for, '{until}', to_jsonb(now())) WHERE id = $1`, res.Run.ID); err != nil {
+		log.Fatal(err)
+	}
+	run, err := client.TakeOver(ctx, res.Run.ID)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(run.Status, string(run.Output))
+	// Output:
+	// waiting sleep cooling_off 336h0m0s
+	// succeeded "paid out"
+}

@@ -39,6 +39,9 @@ type execution struct {
 	cancelled, stopped bool
 	// superseded records that leaseLost has reported the lease lost.
 	superseded bool
+	// parked, once set, is the run as a waiting phase parked it: the
+	// execution is over, with nothing more to write.
+	parked *Run
 }
 
 func executionFrom(ctx context.Context) (*execution, error) {
@@ -127,6 +130,12 @@ func (e *panicError) Error() string { return fmt.Sprintf("workflow panicked: %v"
 // conclude records how the execution ended, fenced by its lease token.
 func (c *Client) conclude(ctx context.Context, ex *execution, output []byte, err error) (*Run, error) {
 	log := c.logger.With(slog.String("run_id", ex.run.ID), slog.Int64("lease_token", ex.run.LeaseToken))
+	ex.mu.Lock()
+	parked := ex.parked
+	ex.mu.Unlock()
+	if parked != nil {
+		return parked, nil
+	}
 	if errors.Is(context.Cause(ctx), ErrLeaseLost) {
 		return nil, fmt.Errorf("engine: run %s: %w", ex.run.ID, ErrLeaseLost) // leaseLost logged it
 	}

@@ -65,13 +65,27 @@ type Run struct {
 	// Nil once the run has finished. A worker in any process takes over a
 	// run whose DueAt has passed (see ClaimDue).
 	DueAt *time.Time `db:"due_at"`
+	// WaitingFor says what a parked run waits for (its status is then
+	// waiting): the phase, and the time it wakes at.
+	WaitingFor *Wait `db:"waiting_for"`
+}
+
+// Wait describes what a run is parked for.
+type Wait struct {
+	// Kind is the waiting phase's kind: KindSleep.
+	Kind PhaseKind `json:"kind"`
+	// Phase is the waiting phase's name, and Seq its place in the journal.
+	Phase string `json:"phase"`
+	Seq   int    `json:"seq"`
+	// Until is when the run wakes, by the database's clock.
+	Until *time.Time `json:"until,omitempty"`
 }
 
 // runColumns lists Run's columns in the order of its fields.
 const runColumns = `id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
 	status, recovery_point, lease_owner, lease_token, lease_expires_at, attempt, next_attempt_at,
 	output, error, response_status, traceparent, created_at, updated_at, finished_at, expires_at,
-	cancel_requested_at, due_at`
+	cancel_requested_at, due_at, waiting_for`
 
 // dbtx is what both a pool and a transaction offer.
 type dbtx interface {
@@ -164,6 +178,7 @@ type PhaseKind string
 const (
 	KindAtomic PhaseKind = "atomic" // runs in the transaction that commits it
 	KindStep   PhaseKind = "step"   // runs outside any transaction, then commits its result
+	KindSleep  PhaseKind = "sleep"  // parks the run until a time, then commits
 )
 
 // Phase is one committed entry of a run's journal.

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -126,10 +127,21 @@ func (t *telemetry) Phase(ctx context.Context, info PhaseInfo) (context.Context,
 	ctx, span := t.tracer.Start(ctx, "ratchet.phase "+info.Name, trace.WithAttributes(attrs...))
 	began := time.Now()
 	return ctx, func(err error) {
-		if err != nil {
+		var parked *parkedError
+		switch {
+		case errors.As(err, &parked):
+			// Not a failure: the run waits, and a later execution's span
+			// of the same phase (linked to this trace) ends the wait.
+			waitAttrs := []attribute.KeyValue{attribute.String("ratchet.wait.kind", string(parked.wait.Kind))}
+			if parked.wait.Until != nil {
+				waitAttrs = append(waitAttrs, attribute.String("ratchet.wait.until", parked.wait.Until.UTC().Format(time.RFC3339Nano)))
+			}
+			span.AddEvent("ratchet.wait", trace.WithAttributes(waitAttrs...))
+			err = nil
+		case err != nil:
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
-		} else {
+		default:
 			span.SetAttributes(attrRecoveryPoint.String(info.Name))
 		}
 		span.End()
