@@ -1,0 +1,117 @@
+package worker_test
+
+import (
+	"context"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/internal/bench"
+	"github.com/ratchet-run/ratchet/worker"
+)
+
+// Many runs sleeping at once hold no connection and no goroutine, and the
+// wake-up mechanism (the recoverer's poll, at its default interval) wakes
+// each at its time. The suite runs 200; RATCHET_SLEEPERS=1000 is the
+// measurement in the README.
+func TestSleepingRunsHoldNothingAndWakeOnTime(t *testing.T) {
+	t.Parallel()
+	n := 200
+	if v, err := strconv.Atoi(os.Getenv("RATCHET_SLEEPERS")); err == nil && v > 0 {
+		n = v
+	}
+	b := setup(t)
+	ctx := context.Background()
+	workflows := engine.NewWorkflows()
+	woke := make(chan struct{}, n)
+	_, err := engine.Register(workflows, "sleeper", func(ctx context.Context, d time.Duration) (int, error) {
+		if err := engine.Sleep(ctx, "nap", d); err != nil {
+			return 0, err
+		}
+		woke <- struct{}{}
+		return 1, nil
+	}, nil)
+	require.NoError(t, err)
+	w, err := worker.New(b.pool, &worker.Config{Engine: engine.Config{Workflows: workflows}}) // the default poll: 500ms
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, w.Stop(ctx))
+	})
+	// Warm up as the measured batch will run (eight at a time), with runs
+	// that sleep for nothing: the pool's connections and River's workers
+	// then exist before the baseline is taken.
+	_, err = bench.Drive(ctx, 8, 16, 0, func(ctx context.Context, i int) error {
+		_, err := w.Engine().Start(ctx, engine.StartParams{Workflow: "sleeper", IdempotencyKey: "warm-" + strconv.Itoa(i), Input: []byte(`0`)})
+		return err
+	})
+	require.NoError(t, err)
+	for range 16 {
+		<-woke
+	}
+	baseline := runtime.NumGoroutine()
+
+	// Wake times 6s after each park, spread over a second per 200 runs, so
+	// that every run is parked before the first wakes.
+	spread := time.Duration(n) * 5 * time.Millisecond
+	began := time.Now()
+	_, err = bench.Drive(ctx, 8, n, 0, func(ctx context.Context, i int) error {
+		d := 6*time.Second + spread*time.Duration(i)/time.Duration(n)
+		res, err := w.Engine().Start(ctx, engine.StartParams{Workflow: "sleeper", IdempotencyKey: strconv.Itoa(i), Input: []byte(strconv.FormatInt(int64(d), 10))})
+		if err == nil && res.Run.Status != engine.StatusWaiting {
+			t.Errorf("run %d is %s, not waiting", i, res.Run.Status)
+		}
+		return err
+	})
+	require.NoError(t, err)
+	parked := time.Since(began)
+	require.Less(t, parked, 6*time.Second, "every run parked before the first wakes (else the measure below is not of sleeping runs)")
+
+	// All sleep: what does the process hold?
+	var waiting int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM ratchet.runs WHERE status = 'waiting' AND lease_owner IS NULL`).Scan(&waiting))
+	require.Equal(t, n, waiting)
+	goroutines := runtime.NumGoroutine()
+	held := b.pool.Stat().AcquiredConns()
+	t.Logf("%d runs parked in %s; while they sleep: %d goroutines (%d before), %d connections in use", n, parked.Round(time.Millisecond), goroutines, baseline, held)
+	require.LessOrEqual(t, goroutines, baseline+5, "no goroutine per sleeping run: the pool's and River's, warmed up, are a constant")
+	require.LessOrEqual(t, held, int32(2), "no connection per sleeping run (the poll, this query)")
+
+	for range n {
+		select {
+		case <-woke:
+		case <-time.After(time.Minute):
+			t.Fatal("not every run woke")
+		}
+	}
+	// Lateness by the database's clock: the sleep phase's commit against
+	// its wake time.
+	rows, err := b.pool.Query(ctx, `
+		SELECT extract(epoch FROM p.finished_at - (p.output->>'until')::timestamptz)
+		FROM ratchet.phases p JOIN ratchet.runs r ON r.id = p.run_id
+		WHERE p.kind = 'sleep' AND r.idempotency_key NOT LIKE 'warm-%'`)
+	require.NoError(t, err)
+	var late []time.Duration
+	for rows.Next() {
+		var s float64
+		require.NoError(t, rows.Scan(&s))
+		late = append(late, time.Duration(s*float64(time.Second)))
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, late, n)
+	sort.Slice(late, func(i, j int) bool { return late[i] < late[j] })
+	for _, l := range late {
+		require.GreaterOrEqual(t, l, time.Duration(0), "no run woke before its time")
+	}
+	p := func(q float64) time.Duration { return late[int(q*float64(len(late)-1))] }
+	t.Logf("woken late by p50 %s, p99 %s, max %s", p(0.5).Round(time.Millisecond), p(0.99).Round(time.Millisecond), late[len(late)-1].Round(time.Millisecond))
+	require.Less(t, p(0.99), 5*time.Second, "a sanity bound; the figure is the log above")
+}
