@@ -43,10 +43,18 @@ type order struct {
 	Key      string `json:"key"`
 	Amount   int64  `json:"amount"`
 	Customer string `json:"customer"`
+	// Nap, when positive, sleeps the run this long between its charge and
+	// its posting (phase "napped").
+	Nap time.Duration `json:"nap,omitempty"`
 }
 
 func orderInput(key string) []byte {
 	b, _ := json.Marshal(order{Key: key, Amount: 1299, Customer: "cus_123"})
+	return b
+}
+
+func napInput(key string, nap time.Duration) []byte {
+	b, _ := json.Marshal(order{Key: key, Amount: 1299, Customer: "cus_123", Nap: nap})
 	return b
 }
 
@@ -117,6 +125,14 @@ func addOrderFlow(workflows *engine.Workflows, gatewayURL string, p *pauser) err
 		}
 		if err := p.at(ctx, "charged.after-commit", in.Key); err != nil {
 			return none, err
+		}
+		if in.Nap > 0 {
+			if err := engine.Sleep(ctx, "napped", in.Nap); err != nil {
+				return none, err
+			}
+			if err := p.at(ctx, "napped.after-wake", in.Key); err != nil {
+				return none, err
+			}
 		}
 		if _, err := engine.Atomic(ctx, "posted", func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
 			if err := effect(ctx, tx, in.Key, "posted"); err != nil {

@@ -6,9 +6,11 @@ import (
 	"runtime"
 	"sort"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
@@ -114,4 +116,49 @@ func TestSleepingRunsHoldNothingAndWakeOnTime(t *testing.T) {
 	p := func(q float64) time.Duration { return late[int(q*float64(len(late)-1))] }
 	t.Logf("woken late by p50 %s, p99 %s, max %s", p(0.5).Round(time.Millisecond), p(0.99).Round(time.Millisecond), late[len(late)-1].Round(time.Millisecond))
 	require.Less(t, p(0.99), 5*time.Second, "a sanity bound; the figure is the log above")
+}
+
+// Processes killed while runs sleep, and as a woken run executes: the
+// runs finish once each, each phase's effect and the charge once.
+func TestWorkersKilledWhileRunsSleepAndAsTheyWakeFinishThemOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	env := b.env("STALE_AFTER=2s")
+	first := startWorkerProc(t, env...)
+
+	workflows := engine.NewWorkflows()
+	require.NoError(t, addOrderFlow(workflows, b.gwURL, &pauser{}))
+	creator, err := engine.NewClient(b.pool, &engine.Config{Workflows: workflows})
+	require.NoError(t, err)
+	keys := []string{"n1", "n2", "n3"}
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		for _, key := range keys {
+			if _, err := creator.StartTx(ctx, tx, engine.StartParams{Workflow: "order", IdempotencyKey: key, Input: napInput(key, 1500*time.Millisecond)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	// The first worker executes them up to their nap.
+	require.Eventually(t, func() bool { // an observable state of the database, not a timing guess
+		var waiting int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM ratchet.runs WHERE status = 'waiting'`).Scan(&waiting))
+		return waiting == len(keys)
+	}, 30*time.Second, 20*time.Millisecond)
+	first.Signal(syscall.SIGKILL) // while they sleep: it held nothing of theirs
+	require.Error(t, first.Wait())
+
+	// The second wakes them and dies as the first woken run goes on.
+	second := startWorkerProc(t, append(env, "PAUSE_AT=napped.after-wake")...)
+	second.Expect("AT napped.after-wake ")
+	second.Signal(syscall.SIGKILL)
+	require.Error(t, second.Wait())
+
+	startWorkerProc(t, env...)
+	b.awaitFinished(t, 30*time.Second, keys...)
+	b.requireExactlyOnce(t, keys...)
+	var naps int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM ratchet.phases WHERE name = 'napped'`).Scan(&naps))
+	require.Equal(t, len(keys), naps, "each sleep committed once")
 }
