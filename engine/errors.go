@@ -56,6 +56,18 @@ var (
 	// migrations (`ratchet migrate`, or migrations.Apply).
 	ErrNotMigrated = errors.New("engine: the database is not migrated")
 
+	// ErrInvalidSignal means a signal's name, event id, address or
+	// payload cannot be accepted.
+	ErrInvalidSignal = errors.New("engine: invalid signal")
+
+	// ErrSignalMismatch means a signal's event id was already used by a
+	// signal with another name, address or payload: nothing was stored.
+	ErrSignalMismatch = errors.New("engine: signal event id reused with a different signal")
+
+	// ErrNoMatch means a signal that asked for a match (RequireMatch)
+	// found no run awaiting it: nothing was stored.
+	ErrNoMatch = errors.New("engine: no run awaits this signal")
+
 	// ErrInvalidListParams means a ListRuns filter holds what no run's
 	// column can (invalid UTF-8, U+0000) or is out of range.
 	ErrInvalidListParams = errors.New("engine: invalid list parameters")
@@ -63,8 +75,8 @@ var (
 	// ErrExecutionTimeout, as the cause of an execution context's end
 	// (context.WithTimeoutCause), stops the execution and releases its run
 	// to be retried after backoff, with error code "execution_timeout",
-	// instead of abandoning it to its lease as a plain cancellation does.
-	// The worker bounds the executions it resumes this way.
+	// where a plain cancellation releases it to be continued at once. The
+	// worker bounds the executions it resumes this way.
 	ErrExecutionTimeout = errors.New("engine: execution exceeded its time limit")
 )
 

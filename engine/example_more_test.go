@@ -355,3 +355,79 @@ func ExampleSleep() {
 	// waiting sleep cooling_off 336h0m0s
 	// succeeded "paid out"
 }
+
+// A payout waits for the bank's webhook, matched by the transfer id the
+// bank echoes; the webhook handler records the provider's event and
+// signals the run in one transaction. A redelivered webhook is a no-op.
+func ExampleAwait() {
+	ctx := context.Background()
+	db := exampleDatabase()
+	defer db.Close()
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE webhook_events (id text PRIMARY KEY)`); err != nil {
+		log.Fatal(err)
+	}
+	type settlement struct {
+		Status string `json:"status"`
+	}
+	workflows := engine.NewWorkflows()
+	_, err := engine.Register(workflows, "payout", func(ctx context.Context, transferID string) (string, error) {
+		s, err := engine.Await[settlement](ctx, "bank_settled", &engine.AwaitOpts{CorrelationKey: transferID, Timeout: 72 * time.Hour})
+		var timeout *engine.AwaitTimeoutError
+		if errors.As(err, &timeout) {
+			return "", steps.Permanent("settlement_timed_out", err)
+		}
+		return s.Status, err
+	}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	client, err := engine.NewClient(db.Pool, &engine.Config{Workflows: workflows})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Shutdown(ctx) //nolint:errcheck
+	res, err := client.Start(ctx, engine.StartParams{Workflow: "payout", IdempotencyKey: "po-7", Input: []byte(`"tr_123"`)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(res.Run.Status, res.Run.WaitingFor.Signal, res.Run.WaitingFor.CorrelationKey)
+
+	webhook := func(eventID string) *engine.SignalResult {
+		var out *engine.SignalResult
+		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO webhook_events VALUES ($1) ON CONFLICT DO NOTHING`, eventID); err != nil {
+				return err
+			}
+			var err error
+			out, err = client.SignalTx(ctx, tx, engine.SignalParams{
+				Name: "bank_settled", EventID: eventID, CorrelationKey: "tr_123", Payload: []byte(`{"status":"settled"}`),
+			})
+			return err
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+		return out
+	}
+	first := webhook("evt_1")
+	fmt.Println(first.Delivered, first.Replayed, first.RunID == res.Run.ID)
+	again := webhook("evt_1") // the bank sends it twice
+	fmt.Println(again.Delivered, again.Replayed)
+
+	run, err := client.TakeOver(ctx, res.Run.ID) // what a worker does at once
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(run.Status, string(run.Output))
+
+	// A signal to a run by id, with nothing awaiting it: refused, as a
+	// finished run will never consume it.
+	_, err = client.Signal(ctx, engine.SignalParams{Name: "bank_settled", EventID: "evt_2", RunID: run.ID, Payload: []byte(`{}`)})
+	fmt.Println(errors.Is(err, engine.ErrFinished))
+	// Output:
+	// waiting bank_settled tr_123
+	// true false true
+	// true true
+	// succeeded "settled"
+	// true
+}

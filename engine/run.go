@@ -72,13 +72,18 @@ type Run struct {
 
 // Wait describes what a run is parked for.
 type Wait struct {
-	// Kind is the waiting phase's kind: KindSleep.
+	// Kind is the waiting phase's kind: KindSleep or KindSignal.
 	Kind PhaseKind `json:"kind"`
 	// Phase is the waiting phase's name, and Seq its place in the journal.
 	Phase string `json:"phase"`
 	Seq   int    `json:"seq"`
-	// Until is when the run wakes, by the database's clock.
+	// Until is when the run wakes, by the database's clock: a sleep's end,
+	// or an Await's timeout. Nil for an Await without one.
 	Until *time.Time `json:"until,omitempty"`
+	// Signal is the signal an Await waits for, and CorrelationKey the key
+	// it matches besides the run's own id.
+	Signal         string `json:"signal,omitempty"`
+	CorrelationKey string `json:"correlation_key,omitempty"`
 }
 
 // runColumns lists Run's columns in the order of its fields.
@@ -179,6 +184,7 @@ const (
 	KindAtomic PhaseKind = "atomic" // runs in the transaction that commits it
 	KindStep   PhaseKind = "step"   // runs outside any transaction, then commits its result
 	KindSleep  PhaseKind = "sleep"  // parks the run until a time, then commits
+	KindSignal PhaseKind = "signal" // parks the run until a signal or a timeout, then commits it
 )
 
 // Phase is one committed entry of a run's journal.

@@ -19,6 +19,16 @@ DELETE FROM ratchet.runs WHERE id IN (
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED)`
 
+// pruneSignalsSQL deletes one batch of signals no run consumed before
+// their retention ended. Consumed ones go with the run that consumed them.
+const pruneSignalsSQL = `
+DELETE FROM ratchet.signals WHERE id IN (
+	SELECT id FROM ratchet.signals
+	WHERE expires_at <= now() AND consumed_at IS NULL
+	ORDER BY expires_at
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED)`
+
 // PruneOpts bound a Prune call. A nil *PruneOpts is valid.
 type PruneOpts struct {
 	// BatchSize is the number of runs deleted per statement. Defaults to 500.
@@ -29,11 +39,14 @@ type PruneOpts struct {
 
 // PruneResult reports what Prune deleted.
 type PruneResult struct {
-	Deleted int64
+	Deleted int64 // runs
 	Batches int
+	// Signals counts the unconsumed signals deleted past their retention.
+	Signals int64
 }
 
-// Prune deletes finished runs past expires_at in batches, each its own
+// Prune deletes finished runs past expires_at (with their journals and
+// signals), then unconsumed signals past theirs, in batches, each its own
 // transaction, until a batch comes back short or MaxBatches is reached. A
 // key whose run was pruned is free: the next start with it is a new run.
 func Prune(ctx context.Context, pool *pgxpool.Pool, opts *PruneOpts) (PruneResult, error) {
@@ -52,6 +65,16 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, opts *PruneOpts) (PruneResul
 		}
 		res.Batches++
 		res.Deleted += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batch) {
+			break
+		}
+	}
+	for batches := 0; batches < maxBatches; batches++ {
+		tag, err := pool.Exec(ctx, pruneSignalsSQL, batch)
+		if err != nil {
+			return res, fmt.Errorf("recovery: prune signals: %w", err)
+		}
+		res.Signals += tag.RowsAffected()
 		if tag.RowsAffected() < int64(batch) {
 			break
 		}
