@@ -168,6 +168,8 @@ func New(cfg *Config) (*Handler, error) {
 	route("GET /v1/runs", h.authed(h.listRuns))
 	route("POST /v1/runs/{id}/cancel", h.authed(h.cancelRun))
 	route("POST /v1/runs/{id}/resume", h.authed(h.resumeRun))
+	route("POST /v1/runs/{id}/signals/{name}", h.authed(h.signalRun))
+	route("POST /v1/signals/{name}", h.authed(h.signalByKey))
 
 	mp := c.MeterProvider
 	if mp == nil {
@@ -325,21 +327,8 @@ func (h *Handler) startRun(w http.ResponseWriter, r *http.Request, tenant string
 		writeProblem(w, problem{Status: http.StatusBadRequest, Code: code, Title: "Idempotency-Key missing or invalid", Detail: err.Error()})
 		return
 	}
-	if !isJSON(r.Header.Get("Content-Type")) {
-		writeProblem(w, problem{Status: http.StatusUnsupportedMediaType, Code: codeUnsupportedMedia, Title: "Send the input as application/json"})
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
-	var tooLarge *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooLarge):
-		writeProblem(w, problem{Status: http.StatusRequestEntityTooLarge, Code: codeBodyTooLarge, Title: "Request body too large", Detail: fmt.Sprintf("the limit is %d bytes", tooLarge.Limit)})
-		return
-	case err != nil:
-		writeProblem(w, problem{Status: http.StatusBadRequest, Code: codeMalformedJSON, Title: "Could not read the request body"})
-		return
-	case !json.Valid(body):
-		writeProblem(w, problem{Status: http.StatusBadRequest, Code: codeMalformedJSON, Title: "The body is not valid JSON"})
+	body, ok := h.readJSON(w, r)
+	if !ok {
 		return
 	}
 	wait := h.cfg.DefaultWait
@@ -398,6 +387,28 @@ func (h *Handler) startRun(w http.ResponseWriter, r *http.Request, tenant string
 		}
 		h.writeAccepted(w, run)
 	}
+}
+
+// readJSON reads a request's JSON body, or answers why it cannot.
+func (h *Handler) readJSON(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if !isJSON(r.Header.Get("Content-Type")) {
+		writeProblem(w, problem{Status: http.StatusUnsupportedMediaType, Code: codeUnsupportedMedia, Title: "Send the body as application/json"})
+		return nil, false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		writeProblem(w, problem{Status: http.StatusRequestEntityTooLarge, Code: codeBodyTooLarge, Title: "Request body too large", Detail: fmt.Sprintf("the limit is %d bytes", tooLarge.Limit)})
+		return nil, false
+	case err != nil:
+		writeProblem(w, problem{Status: http.StatusBadRequest, Code: codeMalformedJSON, Title: "Could not read the request body"})
+		return nil, false
+	case !json.Valid(body):
+		writeProblem(w, problem{Status: http.StatusBadRequest, Code: codeMalformedJSON, Title: "The body is not valid JSON"})
+		return nil, false
+	}
+	return body, true
 }
 
 // Drain makes every start request that waits for its inline execution, and

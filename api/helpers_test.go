@@ -80,6 +80,10 @@ func setup(t testing.TB, cfg *api.Config) *testBundle {
 	}, &engine.WorkflowOpts{SuccessStatus: http.StatusCreated, ErrorStatuses: map[string]int{"card_declined": http.StatusPaymentRequired}})
 	require.NoError(t, err)
 
+	_, err = engine.Register(workflows, "approval", func(ctx context.Context, in echoIn) (echoIn, error) {
+		return engine.Await[echoIn](ctx, "approved", &engine.AwaitOpts{CorrelationKey: in.Value})
+	}, nil)
+	require.NoError(t, err)
 	_, err = engine.Register(workflows, "nap", func(ctx context.Context, in echoIn) (echoIn, error) {
 		return in, engine.Sleep(ctx, "napped", time.Hour)
 	}, nil)

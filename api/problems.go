@@ -56,6 +56,9 @@ var errorStatuses = []struct {
 	{engine.ErrNotFailed, http.StatusConflict, "run_not_failed", "Only a failed run can be resumed"},
 	{engine.ErrShutdown, http.StatusServiceUnavailable, "shutting_down", "The server is shutting down"},
 	{engine.ErrInvalidListParams, http.StatusBadRequest, codeInvalidQuery, "Invalid query"},
+	{engine.ErrInvalidSignal, http.StatusBadRequest, "invalid_signal", "Invalid signal"},
+	{engine.ErrSignalMismatch, http.StatusUnprocessableEntity, "event_id_reused", "This event id was already sent with another signal"},
+	{engine.ErrNoMatch, http.StatusNotFound, "no_matching_run", "No run awaits this signal"},
 }
 
 // problemFor maps an error to its problem. Serialization failures, deadlocks
