@@ -147,6 +147,31 @@ func addOrderFlow(workflows *engine.Workflows, gatewayURL string, p *pauser) err
 	return err
 }
 
+// addApprovalFlow registers "approval": a phase, an Await of "approved"
+// matched by the order key, and a phase; atomic phases insert effects.
+func addApprovalFlow(workflows *engine.Workflows) error {
+	effect := func(ctx context.Context, tx pgx.Tx, key, phase string) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (order_key, phase, pid) VALUES ($1, $2, $3)`, key, phase, os.Getpid())
+		return err
+	}
+	_, err := engine.Register(workflows, "approval", func(ctx context.Context, in order) (string, error) {
+		if _, err := engine.Atomic(ctx, "reserved", func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+			return struct{}{}, effect(ctx, tx, in.Key, "reserved")
+		}); err != nil {
+			return "", err
+		}
+		by, err := engine.Await[struct{ By string }](ctx, "approved", &engine.AwaitOpts{CorrelationKey: in.Key})
+		if err != nil {
+			return "", err
+		}
+		_, err = engine.Atomic(ctx, "posted", func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+			return struct{}{}, effect(ctx, tx, in.Key, "posted")
+		})
+		return by.By, err
+	}, nil)
+	return err
+}
+
 func durationEnv(name string, def time.Duration) time.Duration {
 	if d, err := time.ParseDuration(os.Getenv(name)); err == nil {
 		return d
@@ -181,6 +206,9 @@ func helperMain() error {
 	}
 	workflows := engine.NewWorkflows()
 	if err := addOrderFlow(workflows, os.Getenv("GATEWAY_URL"), p); err != nil {
+		return err
+	}
+	if err := addApprovalFlow(workflows); err != nil {
 		return err
 	}
 	staleAfter := durationEnv("STALE_AFTER", 2*time.Second)
@@ -224,6 +252,21 @@ func helperMain() error {
 				case p.goOn <- struct{}{}:
 				default:
 				}
+			case "signal": // signal <event id> <correlation key>: delivered in a transaction paused before its commit
+				event, key, _ := strings.Cut(arg, " ")
+				go func() {
+					err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+						if _, err := w.Engine().SignalTx(ctx, tx, engine.SignalParams{Name: "approved", EventID: event, CorrelationKey: key, Payload: []byte(`{"by":"` + event + `"}`)}); err != nil {
+							return err
+						}
+						return p.at(ctx, "signal.before-commit", key)
+					})
+					if err != nil {
+						out(fmt.Sprintf("SIGNALLED %s error: %v", event, err))
+						return
+					}
+					out("SIGNALLED " + event)
+				}()
 			case "start": // start <key> [point]
 				key, point, _ := strings.Cut(arg, " ")
 				if point != "" {

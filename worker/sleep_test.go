@@ -162,3 +162,43 @@ func TestWorkersKilledWhileRunsSleepAndAsTheyWakeFinishThemOnce(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM ratchet.phases WHERE name = 'napped'`).Scan(&naps))
 	require.Equal(t, len(keys), naps, "each sleep committed once")
 }
+
+// A process killed while it delivers a signal (its transaction open) has
+// delivered nothing; the provider's retry, to another process, is
+// consumed once, and the run finishes once.
+func TestAProcessKilledWhileDeliveringASignalDeliversItOnceOnRetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	env := b.env("STALE_AFTER=2s")
+	receiver := startWorkerProc(t, env...)
+
+	workflows := engine.NewWorkflows()
+	require.NoError(t, addApprovalFlow(workflows))
+	creator, err := engine.NewClient(b.pool, &engine.Config{Workflows: workflows})
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := creator.StartTx(ctx, tx, engine.StartParams{Workflow: "approval", IdempotencyKey: "a1", Input: orderInput("a1")})
+		return err
+	}))
+	require.Eventually(t, func() bool { // an observable state of the database
+		return b.run(t, "a1").Status == "waiting"
+	}, 30*time.Second, 20*time.Millisecond)
+
+	deliverer := startWorkerProc(t, append(env, "PAUSE_AT=signal.before-commit")...)
+	deliverer.Send("signal evt_1 a1")
+	deliverer.Expect("AT signal.before-commit a1")
+	deliverer.Signal(syscall.SIGKILL)
+	require.Error(t, deliverer.Wait())
+	require.Equal(t, "waiting", b.run(t, "a1").Status, "the killed delivery woke nothing")
+
+	receiver.Send("signal evt_1 a1") // the provider retries the same event
+	receiver.Expect("SIGNALLED evt_1")
+	b.awaitFinished(t, 30*time.Second, "a1")
+	effects := b.effects(t)
+	require.Equal(t, 1, effects[[2]string{"a1", "reserved"}])
+	require.Equal(t, 1, effects[[2]string{"a1", "posted"}])
+	var signals, consumed int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*), count(consumed_by) FROM ratchet.signals`).Scan(&signals, &consumed))
+	require.Equal(t, [2]int{1, 1}, [2]int{signals, consumed}, "one signal, consumed once")
+}
