@@ -8,6 +8,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/ratchet-run/ratchet/engine"
 	"github.com/ratchet-run/ratchet/engine/enginetest"
@@ -176,4 +179,49 @@ func TestACrashAfterWakingFinishesTheRunOnce(t *testing.T) {
 	enginetest.RequirePhases(t, successor, run.ID, "before", "cool", "after")
 	require.Equal(t, 1, b.counter(t, "before"))
 	require.Equal(t, 1, b.counter(t, "after"))
+}
+
+// A waiting run's trace shows the wait: the parking execution's phase span
+// carries a ratchet.wait event with the wake time (not an error), and the
+// execution that wakes it links to the request's trace.
+func TestAWaitIsAnEventOfItsPhaseSpanAndTheWakingExecutionLinksBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	o := observe(t)
+	workflows := engine.NewWorkflows()
+	registerSleeper(t, workflows)
+	c := b.client(t, workflows, &engine.Config{TracerProvider: o.tp, MeterProvider: o.mp})
+
+	ctx, request := o.tp.Tracer("test").Start(context.Background(), "POST /payouts")
+	res, err := c.Start(ctx, engine.StartParams{Workflow: "sleeper", IdempotencyKey: "k", Input: []byte(strconv.FormatInt(int64(time.Millisecond), 10))})
+	request.End()
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusWaiting, res.Run.Status)
+	parking := o.span(t, "ratchet.phase cool")
+	require.Equal(t, codes.Unset, parking.Status().Code, "a wait is not an error")
+	require.Len(t, parking.Events(), 1)
+	ev := parking.Events()[0]
+	require.Equal(t, "ratchet.wait", ev.Name)
+	evAttrs := map[attribute.Key]attribute.Value{}
+	for _, kv := range ev.Attributes {
+		evAttrs[kv.Key] = kv.Value
+	}
+	require.Equal(t, "sleep", evAttrs["ratchet.wait.kind"].AsString())
+	require.Equal(t, res.Run.WaitingFor.Until.UTC().Format(time.RFC3339Nano), evAttrs["ratchet.wait.until"].AsString())
+
+	// Woken in a worker's trace (its millisecond is over by now).
+	jobCtx, job := o.tp.Tracer("test").Start(context.Background(), "recoverer")
+	run, err := c.TakeOver(jobCtx, res.Run.ID)
+	job.End()
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, run.Status)
+	var woken sdktrace.ReadOnlySpan
+	for _, s := range o.spans.Ended() {
+		if s.Name() == "ratchet.run sleeper" && s.SpanContext().TraceID() == job.SpanContext().TraceID() {
+			woken = s
+		}
+	}
+	require.NotNil(t, woken)
+	require.Len(t, woken.Links(), 1)
+	require.Equal(t, request.SpanContext().TraceID(), woken.Links()[0].SpanContext.TraceID(), "linked to the request that began it")
 }
