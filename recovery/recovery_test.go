@@ -223,3 +223,45 @@ func TestPruneDeletesExpiredFinishedRunsInBatches(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.OutcomeCreated, res2.Outcome, "a key reused after pruning is a new run")
 }
+
+// Signals nobody consumed go after their retention; signals sent to or
+// consumed by a run go with it.
+func TestPruneDeletesUnconsumedSignalsPastTheirRetention(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t, nil)
+	workflows := engine.NewWorkflows()
+	_, err := engine.Register(workflows, "quick", func(context.Context, struct{}) (int, error) { return 1, nil }, nil)
+	require.NoError(t, err)
+	c, err := engine.NewClient(pool, &engine.Config{Workflows: workflows})
+	require.NoError(t, err)
+	for _, p := range []engine.SignalParams{
+		{Name: "never_awaited", EventID: "old", CorrelationKey: "k1", Retention: time.Microsecond},
+		{Name: "never_awaited", EventID: "new", CorrelationKey: "k2"},
+	} {
+		p.Payload = []byte(`{}`)
+		_, err := c.Signal(ctx, p)
+		require.NoError(t, err)
+	}
+	startTx(t, pool, c, "quick", "run")
+	run, err := c.ListRuns(ctx, engine.ListParams{})
+	require.NoError(t, err)
+	_, err = c.Signal(ctx, engine.SignalParams{Name: "s", EventID: "to-run", RunID: run[0].ID, Payload: []byte(`{}`)})
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE ratchet.runs SET status = 'succeeded', finished_at = now(), expires_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+
+	res, err := recovery.Prune(ctx, pool, nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Deleted)
+	require.EqualValues(t, 1, res.Signals, "the expired one; the run's went with it")
+	var left []string
+	rows, err := pool.Query(ctx, `SELECT event_id FROM ratchet.signals`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		left = append(left, id)
+	}
+	require.Equal(t, []string{"new"}, left)
+}
