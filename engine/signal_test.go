@@ -281,3 +281,33 @@ func TestBadSignalsAreRefused(t *testing.T) {
 	_, err := c.Signal(context.Background(), engine.SignalParams{Name: "s", EventID: "e", RunID: "nope", Payload: []byte(`{}`)})
 	require.ErrorIs(t, err, engine.ErrRunNotFound)
 }
+
+// A process that dies right after its Await consumed a signal: the
+// successor replays the same payload, and the signal is consumed once.
+func TestAConsumedSignalIsReplayedAfterACrash(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	workflows := engine.NewWorkflows()
+	registerPayout(t, workflows)
+	c := b.client(t, workflows, nil)
+	_, err := c.Signal(ctx, engine.SignalParams{Name: "bank_webhook", EventID: "evt", CorrelationKey: "tr", Payload: []byte(`{"status":"paid"}`)})
+	require.NoError(t, err)
+
+	res, err := c.Start(enginetest.CrashAfter(ctx, "bank_webhook"), engine.StartParams{Workflow: "payout", IdempotencyKey: "po", Input: payoutInput("tr", 0)})
+	require.ErrorIs(t, err, enginetest.ErrCrashed)
+	// The provider redelivers meanwhile: a no-op.
+	again, err := c.Signal(ctx, engine.SignalParams{Name: "bank_webhook", EventID: "evt", CorrelationKey: "tr", Payload: []byte(`{"status":"paid"}`)})
+	require.NoError(t, err)
+	require.True(t, again.Replayed)
+
+	b.expireLease(t, res.Run.ID)
+	done, err := b.client(t, workflows, nil).TakeOver(ctx, res.Run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, done.Status)
+	require.JSONEq(t, `"paid"`, string(done.Output))
+	var consumed int
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM ratchet.signals WHERE consumed_by = $1`, res.Run.ID).Scan(&consumed))
+	require.Equal(t, 1, consumed)
+	require.Equal(t, 1, b.countRows(t, "signals"))
+}
