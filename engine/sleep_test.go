@@ -224,4 +224,6 @@ func TestAWaitIsAnEventOfItsPhaseSpanAndTheWakingExecutionLinksBack(t *testing.T
 	require.NotNil(t, woken)
 	require.Len(t, woken.Links(), 1)
 	require.Equal(t, request.SpanContext().TraceID(), woken.Links()[0].SpanContext.TraceID(), "linked to the request that began it")
+	require.EqualValues(t, 1, o.sum(t, "ratchet.runs.woken", attribute.String("ratchet.wait.kind", "sleep")))
+	require.Zero(t, o.sum(t, "ratchet.lease.takeovers"), "a wake is not a takeover")
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/oklog/ulid/v2"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -395,9 +396,15 @@ func (c *Client) TakeOver(ctx context.Context, runID string) (*Run, error) {
 }
 
 // countTakeover records a claim that replaced an earlier lease (rather than
-// the first claim of a run created unleased by StartTx).
+// the first claim of a run created unleased by StartTx), or that woke a
+// parked run: a timer or a signal is not a takeover, and counts apart. (A
+// woken run whose executor died before its waiting phase committed still
+// carries its wait, so its takeover counts as a wake again.)
 func (c *Client) countTakeover(ctx context.Context, run *Run) {
-	if run.LeaseToken > 1 {
+	switch {
+	case run.WaitingFor != nil:
+		c.tel.wakes.Add(ctx, 1, metric.WithAttributes(attrWorkflow.String(run.Workflow), attribute.String("ratchet.wait.kind", string(run.WaitingFor.Kind))))
+	case run.LeaseToken > 1:
 		c.tel.takeovers.Add(ctx, 1, metric.WithAttributes(attrWorkflow.String(run.Workflow)))
 	}
 }

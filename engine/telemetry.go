@@ -43,6 +43,7 @@ type telemetry struct {
 	phaseDuration metric.Float64Histogram
 	recoveries    metric.Int64Counter
 	takeovers     metric.Int64Counter
+	wakes         metric.Int64Counter
 	fencing       metric.Int64Counter
 	replays       metric.Int64Counter
 }
@@ -69,6 +70,7 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry,
 	t.runsFinished = counter("ratchet.runs.finished", "Runs finished, by status.")
 	t.recoveries = counter("ratchet.runs.recovered", "Executions that continued a run from its recovery point.")
 	t.takeovers = counter("ratchet.lease.takeovers", "Claims of a run whose previous lease had expired or been released.")
+	t.wakes = counter("ratchet.runs.woken", "Claims of a parked run whose timer ended or whose signal came, by wait kind.")
 	t.fencing = counter("ratchet.lease.fencing_rejections", "Writes refused because another executor holds the run's lease.")
 	t.replays = counter("ratchet.runs.replayed", "Starts that found their key taken, by outcome (finished: a stored result replayed).")
 	if err != nil {
