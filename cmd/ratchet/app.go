@@ -14,6 +14,7 @@ import (
 	"github.com/ratchet-run/ratchet/api"
 	"github.com/ratchet-run/ratchet/engine"
 	"github.com/ratchet-run/ratchet/examples/payments"
+	"github.com/ratchet-run/ratchet/examples/payouts"
 	"github.com/ratchet-run/ratchet/examples/quickstart"
 	"github.com/ratchet-run/ratchet/worker"
 )
@@ -24,6 +25,7 @@ type appFlags struct {
 	StaleAfter time.Duration `name:"stale-after" env:"RATCHET_STALE_AFTER" default:"30s" help:"Lease length: how long a run whose executor died waits before another process takes it over (env RATCHET_STALE_AFTER)."`
 	GatewayURL string        `name:"gateway-url" env:"RATCHET_GATEWAY_URL" default:"http://127.0.0.1:4242" help:"Payment gateway base URL (env RATCHET_GATEWAY_URL)."`
 	MailURL    string        `name:"mail-url" env:"RATCHET_MAIL_URL" default:"http://127.0.0.1:4243" help:"Mail service base URL (env RATCHET_MAIL_URL)."`
+	BankURL    string        `name:"bank-url" env:"RATCHET_BANK_URL" default:"http://127.0.0.1:4244" help:"Bank base URL for the payout example, whose settlement webhooks come back as signals (env RATCHET_BANK_URL)."`
 	Tokens     string        `name:"tokens" env:"RATCHET_TOKENS" help:"API bearer tokens as token=tenant pairs, comma separated (env RATCHET_TOKENS). None: no authentication, tenant \"default\"."`
 	MaxInline  int           `name:"max-inline" env:"RATCHET_MAX_INLINE" default:"32" help:"Runs the API executes inline at once; a start beyond it is answered 202 and left to a worker. Sizes the database pool with the worker's settings (env RATCHET_MAX_INLINE)."`
 }
@@ -82,6 +84,13 @@ func newApp(pool *pgxpool.Pool, f appFlags, work bool, logger *slog.Logger) (*ap
 	if _, err := quickstart.Register(workflows); err != nil {
 		return nil, err
 	}
+	payout, err := payouts.New(payouts.Config{BankURL: f.BankURL})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := payout.Register(workflows); err != nil {
+		return nil, err
+	}
 	riverWorkers := river.NewWorkers()
 	if err := pay.AddWorkers(riverWorkers); err != nil {
 		return nil, err
@@ -111,6 +120,9 @@ var demoBalances = map[string]int64{"alice": 1_000_000, "bob": 0}
 // data: dev's only, never seeded into a database serve is pointed at).
 func setUp(ctx context.Context, pool *pgxpool.Pool, balances map[string]int64) error {
 	if err := payments.Setup(ctx, pool); err != nil {
+		return err
+	}
+	if err := payouts.Setup(ctx, pool); err != nil {
 		return err
 	}
 	return quickstart.Setup(ctx, pool, balances)

@@ -10,11 +10,13 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oklog/ulid/v2"
 
+	"github.com/ratchet-run/ratchet/examples/payouts"
 	"github.com/ratchet-run/ratchet/internal/fakes"
 	"github.com/ratchet-run/ratchet/internal/pgboot"
 	"github.com/ratchet-run/ratchet/internal/telemetry"
@@ -69,6 +71,14 @@ func (c *devCmd) Run(e *env) error {
 	}
 	go serve(ctx, gwLn, gateway) //nolint:errcheck // ends with ctx
 	go serve(ctx, mailLn, mail)  //nolint:errcheck // ends with ctx
+	// The bank settles a payout a second after its transfer, by a webhook
+	// to the API (sent twice, as banks do): made once the API listens.
+	var bank atomic.Pointer[fakes.Bank]
+	bankLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	go serve(ctx, bankLn, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { bank.Load().ServeHTTP(w, r) })) //nolint:errcheck // ends with ctx
 
 	topts := &telemetry.Options{}
 	if c.TraceStdout {
@@ -80,7 +90,7 @@ func (c *devCmd) Run(e *env) error {
 	}
 	defer shutdown(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
 	logger := newLogger(e.stderr, slog.LevelWarn)
-	flags.GatewayURL, flags.MailURL = "http://"+gwLn.Addr().String(), "http://"+mailLn.Addr().String()
+	flags.GatewayURL, flags.MailURL, flags.BankURL = "http://"+gwLn.Addr().String(), "http://"+mailLn.Addr().String(), "http://"+bankLn.Addr().String()
 	a, err := newApp(pool, flags, true, logger)
 	if err != nil {
 		return err
@@ -97,6 +107,7 @@ func (c *devCmd) Run(e *env) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	base := "http://" + ln.Addr().String()
+	bank.Store(fakes.NewBank(fakes.BankOpts{WebhookURL: base + "/v1/signals/" + payouts.SignalSettled, Webhooks: fakes.Webhooks{Delay: time.Second, Twice: true}}))
 
 	out("")
 	out("Ratchet is running:")
@@ -104,6 +115,7 @@ func (c *devCmd) Run(e *env) error {
 	out("  worker        resumes crashed runs after %s, delivers receipts", c.StaleAfter)
 	out("  fake gateway  http://%s/stats", gwLn.Addr())
 	out("  fake mail     http://%s/stats", mailLn.Addr())
+	out("  fake bank     http://%s (settles payouts by webhook a second later)", bankLn.Addr())
 	out("")
 	out("Make a payment (run it twice: the second is a replay):")
 	out("  curl -i -X POST %s/v1/workflows/payment/runs \\", base)
@@ -111,7 +123,7 @@ func (c *devCmd) Run(e *env) error {
 	out(`    -d '{"amount": 1299, "currency": "usd", "customer": "cus_123", "email": "a@example.com"}'`)
 	out("")
 	if c.Demo {
-		if err := demo(ctx, base, gateway, mail, out); err != nil {
+		if err := demo(ctx, base, gateway, mail, &bank, out); err != nil {
 			out("demo: %v", err)
 		}
 	}
@@ -162,7 +174,7 @@ func (c *devCmd) database(ctx context.Context, out func(string, ...any)) (string
 }
 
 // demo exercises the API as a client would and prints what it saw.
-func demo(ctx context.Context, base string, gateway *fakes.Gateway, mail *fakes.Mail, out func(string, ...any)) error {
+func demo(ctx context.Context, base string, gateway *fakes.Gateway, mail *fakes.Mail, bank *atomic.Pointer[fakes.Bank], out func(string, ...any)) error {
 	key := "demo-" + strings.ToLower(ulid.Make().String())
 	payment := `{"amount": 1299, "currency": "usd", "customer": "cus_123", "email": "a@example.com"}`
 	post := func(key, body string) (int, http.Header, string, error) {
@@ -212,6 +224,46 @@ func demo(ctx context.Context, base string, gateway *fakes.Gateway, mail *fakes.
 		time.Sleep(20 * time.Millisecond)
 	}
 	out("  gateway: %d charge(s); mail: %d receipt(s) delivered", gateway.Stats().Charges, mail.Stats().Deliveries)
+
+	// A payout: the run waits, holding nothing, for the bank's webhook.
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/workflows/payout/runs", strings.NewReader(`{"amount": 5000, "account": "acct_123"}`))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Idempotency-Key", key+"-payout")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	var run struct {
+		Status     string `json:"status"`
+		WaitingFor *struct {
+			Phase string `json:"phase"`
+		} `json:"waiting_for"`
+		Output json.RawMessage `json:"output"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&run)
+	resp.Body.Close()
+	if err != nil || run.WaitingFor == nil {
+		return fmt.Errorf("payout: %d %s, not waiting", resp.StatusCode, run.Status)
+	}
+	location := resp.Header.Get("Location")
+	out("  5. a payout -> %d %s for %s (the bank's webhook is on its way)", resp.StatusCode, run.Status, run.WaitingFor.Phase)
+	for deadline := time.Now().Add(10 * time.Second); run.Status != "succeeded" && time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond) // a client polling its run, as any would
+		resp, err := http.Get(base + location)
+		if err != nil {
+			return err
+		}
+		err = json.NewDecoder(resp.Body).Decode(&run)
+		resp.Body.Close()
+		if err != nil {
+			return err
+		}
+	}
+	bank.Load().Wait()
+	out("     then -> %s %s; webhooks received: %d (the second a replay)", run.Status, run.Output, bank.Load().Stats().WebhooksSent)
 	out("")
 	return nil
 }

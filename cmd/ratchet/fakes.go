@@ -17,6 +17,9 @@ type fakesCmd struct {
 	FailBefore  int           `name:"fail-before" help:"For each idempotency key, answer the first N charges 500 without charging."`
 	DropAfter   int           `name:"drop-after" help:"For each idempotency key, charge on the next N requests and close the connection without answering."`
 	Latency     time.Duration `name:"latency" help:"Delay every charge by this long."`
+	BankAddr    string        `name:"bank-addr" env:"RATCHET_BANK_ADDR" default:"127.0.0.1:4244" help:"Address the fake bank listens on (env RATCHET_BANK_ADDR)."`
+	WebhookURL  string        `name:"webhook-url" default:"http://127.0.0.1:8080/v1/signals/bank_settled" help:"Where the fake bank sends its settlement webhooks: the Ratchet API's signal endpoint."`
+	SettleAfter time.Duration `name:"settle-after" default:"1s" help:"How long after a transfer the bank sends its webhook."`
 }
 
 func (c *fakesCmd) Run(e *env) error {
@@ -30,12 +33,21 @@ func (c *fakesCmd) Run(e *env) error {
 		gwLn.Close()
 		return fmt.Errorf("fake mail service cannot listen on %s: %s", c.MailAddr, reason(err))
 	}
+	bankLn, err := net.Listen("tcp", c.BankAddr)
+	if err != nil {
+		gwLn.Close()
+		mailLn.Close()
+		return fmt.Errorf("fake bank cannot listen on %s: %s", c.BankAddr, reason(err))
+	}
 	fmt.Fprintf(e.stdout, "fake gateway listening on http://%s (POST /v1/charges, GET /v1/charges?idempotency_key=, GET /stats, PUT /faults)\n", gwLn.Addr())
 	fmt.Fprintf(e.stdout, "fake mail service listening on http://%s (POST /v1/messages, GET /stats)\n", mailLn.Addr())
-	errc := make(chan error, 2)
+	fmt.Fprintf(e.stdout, "fake bank listening on http://%s (POST /v1/transfers; webhooks to %s after %s)\n", bankLn.Addr(), c.WebhookURL, c.SettleAfter)
+	bank := fakes.NewBank(fakes.BankOpts{WebhookURL: c.WebhookURL, Webhooks: fakes.Webhooks{Delay: c.SettleAfter}})
+	errc := make(chan error, 3)
 	go func() { errc <- serve(e.ctx, gwLn, gw) }()
 	go func() { errc <- serve(e.ctx, mailLn, fakes.NewMail(nil)) }()
-	return errors.Join(<-errc, <-errc)
+	go func() { errc <- serve(e.ctx, bankLn, bank) }()
+	return errors.Join(<-errc, <-errc, <-errc)
 }
 
 // serve runs handler on ln until ctx ends, then shuts down gracefully.

@@ -68,6 +68,8 @@ func TestDevServesThePaymentDemo(t *testing.T) {
 		"3. the same key, another amount -> 422",
 		"4. a declined card -> 402",
 		"gateway: 1 charge(s); mail: 1 receipt(s) delivered",
+		"5. a payout -> 202 waiting for bank_settled",
+		`then -> succeeded {"status":"settled","transfer_id":"tr_1"}; webhooks received: 2`,
 		"shutting down",
 	} {
 		require.Contains(t, out, want)
@@ -148,7 +150,9 @@ func TestFakesServesTheGatewayUntilCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	lines := make(lineWriter, 4)
 	done := make(chan int, 1)
-	go func() { done <- Main(ctx, []string{"fakes", "--gateway-addr", "127.0.0.1:0"}, lines, io.Discard) }()
+	go func() {
+		done <- Main(ctx, []string{"fakes", "--gateway-addr", "127.0.0.1:0", "--mail-addr", "127.0.0.1:0", "--bank-addr", "127.0.0.1:0"}, lines, io.Discard)
+	}()
 
 	banner := <-lines
 	m := regexp.MustCompile(`listening on (http://\S+)`).FindStringSubmatch(banner)
@@ -240,7 +244,7 @@ func TestServeSizesItsPoolFromItsSettings(t *testing.T) {
 	url := testdb.NewURL(t)
 	var stderr bytes.Buffer
 	e := &env{ctx: context.Background(), stdout: io.Discard, stderr: &stderr}
-	f := appFlags{StaleAfter: 30 * time.Second, MaxInline: 32, GatewayURL: "http://127.0.0.1:1", MailURL: "http://127.0.0.1:1"}
+	f := appFlags{StaleAfter: 30 * time.Second, MaxInline: 32, GatewayURL: "http://127.0.0.1:1", MailURL: "http://127.0.0.1:1", BankURL: "http://127.0.0.1:1"}
 	a, closeApp, err := openApp(e, dbFlags{DatabaseURL: url}, f, true)
 	require.NoError(t, err)
 	defer closeApp()
