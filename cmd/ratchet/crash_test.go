@@ -198,7 +198,7 @@ func TestCrashMatrix(t *testing.T) {
 	require.Empty(t, serverError)
 
 	total := len(keys)
-	require.Eventually(t, func() bool { return mail.Stats().Deliveries >= total }, 60*time.Second, 50*time.Millisecond, "receipts")
+	require.Eventually(t, func() bool { return len(mail.Stats().DeliveriesByMessageID) >= total }, 60*time.Second, 50*time.Millisecond, "a receipt for every payment") // by message id: resends must not count
 	pool := testdb.Connect(t, url, nil)
 	ctx := context.Background()
 	var succeeded, ledgerRows, ledgerSum, paymentsWithTwoRows int
@@ -217,8 +217,15 @@ func TestCrashMatrix(t *testing.T) {
 	require.Equal(t, total, paymentsWithTwoRows, "two ledger rows per payment")
 	require.Zero(t, ledgerSum, "the ledger sums to zero")
 	m := mail.Stats()
-	require.Equal(t, total, m.Deliveries, "one receipt per payment")
-	require.Len(t, m.DeliveriesByMessageID, total)
+	// One receipt per payment, by message id. A process killed between a
+	// receipt's send and its record sends it again with the same message
+	// id (the outbox's documented duplicate, which the mail service
+	// deduplicates): a kill aimed at a payment's phase can land there.
+	require.Len(t, m.DeliveriesByMessageID, total, "one receipt per payment")
+	require.GreaterOrEqual(t, m.Deliveries, total)
+	if resent := m.Deliveries - total; resent > 0 {
+		t.Logf("%d receipt(s) sent again with the same message id after a kill mid-delivery", resent)
+	}
 	t.Logf("%d payments over %d crash points: %d charges, %d ledger rows, %d receipts; gateway saw %d requests",
 		total, len(points), stats.Charges, ledgerRows, m.Deliveries, len(gateway.Requests()))
 }
