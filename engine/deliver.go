@@ -100,7 +100,7 @@ func (p *SignalParams) check() error {
 		}
 	}
 	switch {
-	case !validSignalName(p.Name):
+	case !validName(p.Name):
 		return fmt.Errorf("%w: name %q: want 1..255 letters, digits, '.', '-' or '_'", ErrInvalidSignal, p.Name)
 	case checkKey(p.EventID) != nil:
 		return fmt.Errorf("%w: event id: %v", ErrInvalidSignal, checkKey(p.EventID))
@@ -115,8 +115,6 @@ func (p *SignalParams) check() error {
 	}
 	return nil
 }
-
-func validSignalName(s string) bool { return validName(s) }
 
 const insertSignalSQL = `
 INSERT INTO ratchet.signals (tenant, name, event_id, run_id, correlation_key, payload, expires_at)

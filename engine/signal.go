@@ -120,19 +120,7 @@ func runAwait(ctx context.Context, ex *execution, seq int, name string, opts *Aw
 	}
 
 	commit := func(out awaitOutput) (awaitOutput, error) {
-		raw, out, err := journaled(name, out)
-		if err != nil {
-			return none, err
-		}
-		cancel, err := ex.commitPhase(ctx, tx, phaseRecord{seq: seq, name: name, kind: KindSignal, output: raw, attempts: 1})
-		if err != nil {
-			return none, err
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return none, ex.breakOff(fmt.Errorf("engine: phase %q: commit: %w", name, err))
-		}
-		ex.committed(name, cancel)
-		return out, nil
+		return commitWait(ctx, ex, tx, seq, name, KindSignal, out)
 	}
 
 	var out awaitOutput
@@ -162,17 +150,5 @@ func runAwait(ctx context.Context, ex *execution, seq int, name string, opts *Aw
 		until = &wake
 	}
 
-	wait := &Wait{Kind: KindSignal, Phase: name, Seq: seq, Until: until, Signal: name, CorrelationKey: opts.CorrelationKey}
-	parked, ok, err := queryRun(ctx, tx, parkSQL, run.ID, run.LeaseToken, wait, until)
-	if err != nil {
-		return none, ex.breakOff(fmt.Errorf("engine: phase %q: park: %w", name, err))
-	}
-	if !ok {
-		return none, ex.leaseLost(ctx)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return none, ex.breakOff(fmt.Errorf("engine: phase %q: commit park: %w", name, err))
-	}
-	ex.park(parked)
-	return none, &parkedError{wait: wait}
+	return none, parkIn(ctx, ex, tx, &Wait{Kind: KindSignal, Phase: name, Seq: seq, Until: until, Signal: name, CorrelationKey: opts.CorrelationKey})
 }

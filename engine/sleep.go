@@ -98,30 +98,45 @@ func runSleep(ctx context.Context, ex *execution, seq int, name string, until *t
 		return fmt.Errorf("engine: phase %q: wake time: %w", name, err)
 	}
 	if due {
-		raw, _, err := journaled(name, sleepOutput{Until: wake})
-		if err != nil {
-			return err
-		}
-		cancel, err := ex.commitPhase(ctx, tx, phaseRecord{seq: seq, name: name, kind: KindSleep, output: raw, attempts: 1})
-		if err != nil {
-			return err
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return ex.breakOff(fmt.Errorf("engine: phase %q: commit: %w", name, err))
-		}
-		ex.committed(name, cancel)
-		return nil
+		_, err := commitWait(ctx, ex, tx, seq, name, KindSleep, sleepOutput{Until: wake})
+		return err
 	}
-	wait := &Wait{Kind: KindSleep, Phase: name, Seq: seq, Until: &wake}
-	parked, ok, err := queryRun(ctx, tx, parkSQL, ex.run.ID, ex.run.LeaseToken, wait, wake)
+	return parkIn(ctx, ex, tx, &Wait{Kind: KindSleep, Phase: name, Seq: seq, Until: &wake})
+}
+
+// commitWait journals a waiting phase's outcome (the sleep's end, the
+// signal, the timeout) in its transaction, fenced, and commits it. It
+// returns out as a replay will decode it.
+func commitWait[T any](ctx context.Context, ex *execution, tx pgx.Tx, seq int, name string, kind PhaseKind, out T) (T, error) {
+	var zero T
+	raw, out, err := journaled(name, out)
 	if err != nil {
-		return ex.breakOff(fmt.Errorf("engine: phase %q: park: %w", name, err))
+		return zero, err
+	}
+	cancel, err := ex.commitPhase(ctx, tx, phaseRecord{seq: seq, name: name, kind: kind, output: raw, attempts: 1})
+	if err != nil {
+		return zero, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return zero, ex.breakOff(fmt.Errorf("engine: phase %q: commit: %w", name, err))
+	}
+	ex.committed(name, cancel)
+	return out, nil
+}
+
+// parkIn parks the run for wait in the phase's transaction, fenced, and
+// commits: the execution is over, and the phase returns the error parkIn
+// does.
+func parkIn(ctx context.Context, ex *execution, tx pgx.Tx, wait *Wait) error {
+	parked, ok, err := queryRun(ctx, tx, parkSQL, ex.run.ID, ex.run.LeaseToken, wait, wait.Until)
+	if err != nil {
+		return ex.breakOff(fmt.Errorf("engine: phase %q: park: %w", wait.Phase, err))
 	}
 	if !ok {
 		return ex.leaseLost(ctx)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return ex.breakOff(fmt.Errorf("engine: phase %q: commit park: %w", name, err))
+		return ex.breakOff(fmt.Errorf("engine: phase %q: commit park: %w", wait.Phase, err))
 	}
 	ex.park(parked)
 	return &parkedError{wait: wait}
