@@ -23,7 +23,8 @@ import (
 // each at its time. The suite runs 200; RATCHET_SLEEPERS=1000 is the
 // measurement in the README.
 func TestSleepingRunsHoldNothingAndWakeOnTime(t *testing.T) {
-	t.Parallel()
+	// Not parallel: the goroutine count is the process's, and the
+	// package's parallel tests wait until the sequential ones are done.
 	n := 200
 	if v, err := strconv.Atoi(os.Getenv("RATCHET_SLEEPERS")); err == nil && v > 0 {
 		n = v
