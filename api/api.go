@@ -534,15 +534,25 @@ func (h *Handler) cancelRun(w http.ResponseWriter, r *http.Request, tenant strin
 		h.fail(w, r, err)
 		return
 	}
-	if run, err = h.engine.Cancel(r.Context(), run.ID); err != nil {
+	res, err := h.engine.Cancel(r.Context(), run.ID)
+	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	status := http.StatusOK // cancelled
-	if !run.Status.Finished() {
-		status = http.StatusAccepted // requested: the executor stops at its next phase boundary
+	if res.Outcome != engine.CancelledNow {
+		status = http.StatusAccepted // compensates, or the executor stops at its next phase boundary
 	}
-	writeJSON(w, status, newRunResource(run, nil))
+	writeJSON(w, status, cancelResource{runResource: newRunResource(res.Run, nil), Cancellation: res.Outcome})
+}
+
+// cancelResource is a cancel's answer: the run, and what the cancellation
+// does — "cancelled" (done), "compensates" (an executor undoes the run's
+// compensable phases) or "requested" (the executor holding it stops at its
+// next phase boundary, compensating what has an undo by then).
+type cancelResource struct {
+	runResource
+	Cancellation engine.CancelOutcome `json:"cancellation"`
 }
 
 func (h *Handler) resumeRun(w http.ResponseWriter, r *http.Request, tenant string) {

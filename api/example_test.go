@@ -27,7 +27,7 @@ func Example() {
 	defer db.Close()
 	workflows := engine.NewWorkflows()
 	_, err = engine.Register(workflows, "greet", func(ctx context.Context, in struct{ Name string }) (string, error) {
-		return engine.Atomic(ctx, "greeted", func(context.Context, pgx.Tx) (string, error) { return "hello " + in.Name, nil })
+		return engine.Atomic(ctx, "greeted", func(context.Context, pgx.Tx) (string, error) { return "hello " + in.Name, nil }, nil)
 	}, nil)
 	if err != nil {
 		log.Fatal(err)

@@ -58,7 +58,7 @@ func setup(t testing.TB, cfg *api.Config) *testBundle {
 		return engine.Atomic(ctx, "stored", func(ctx context.Context, tx pgx.Tx) (echoIn, error) {
 			_, err := tx.Exec(ctx, `INSERT INTO counters VALUES ($1, 1) ON CONFLICT (name) DO UPDATE SET n = counters.n + 1`, in.Value)
 			return in, err
-		})
+		}, nil)
 	}, nil)
 	require.NoError(t, err)
 	_, err = engine.Register(workflows, "slow", func(ctx context.Context, in echoIn) (echoIn, error) {
@@ -69,7 +69,7 @@ func setup(t testing.TB, cfg *api.Config) *testBundle {
 			case <-ctx.Done():
 				return in, ctx.Err()
 			}
-		})
+		}, nil)
 	}, nil)
 	require.NoError(t, err)
 	_, err = engine.Register(workflows, "pay", func(ctx context.Context, in payIn) (payIn, error) {

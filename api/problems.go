@@ -20,6 +20,8 @@ type problem struct {
 	Detail   string `json:"detail,omitempty"`
 	Instance string `json:"instance,omitempty"`
 	RunID    string `json:"run_id,omitempty"`
+	// Compensated lists, for a compensated run, the phases undone.
+	Compensated []string `json:"compensated,omitempty"`
 }
 
 // Problem codes of the API's own checks.
@@ -53,7 +55,8 @@ var errorStatuses = []struct {
 	{engine.ErrLeaseHeld, http.StatusConflict, codeInProgress, "The run is in progress"},
 	{engine.ErrRunNotFound, http.StatusNotFound, "run_not_found", "No such run"},
 	{engine.ErrFinished, http.StatusConflict, "run_finished", "The run has already finished"},
-	{engine.ErrNotFailed, http.StatusConflict, "run_not_failed", "Only a failed run can be resumed"},
+	{engine.ErrNotFailed, http.StatusConflict, "run_not_failed", "Only a failed run, or one parked for an operator, can be resumed"},
+	{engine.ErrPastPivot, http.StatusConflict, "past_pivot", "The run is past its pivot: it is carried through, not cancelled"},
 	{engine.ErrShutdown, http.StatusServiceUnavailable, "shutting_down", "The server is shutting down"},
 	{engine.ErrInvalidListParams, http.StatusBadRequest, codeInvalidQuery, "Invalid query"},
 	{engine.ErrInvalidSignal, http.StatusBadRequest, "invalid_signal", "Invalid signal"},

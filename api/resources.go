@@ -27,7 +27,9 @@ type runResource struct {
 	CancelRequestedAt *time.Time       `json:"cancel_requested_at,omitempty"`
 	// WaitingFor is what an unfinished run is parked for: the phase, and
 	// until when.
-	WaitingFor *waitResource   `json:"waiting_for,omitempty"`
+	WaitingFor *waitResource `json:"waiting_for,omitempty"`
+	// Pivot is the run's pivot phase, once committed.
+	Pivot      *string         `json:"pivot,omitempty"`
 	CreatedAt  time.Time       `json:"created_at"`
 	UpdatedAt  time.Time       `json:"updated_at"`
 	FinishedAt *time.Time      `json:"finished_at,omitempty"`
@@ -39,6 +41,14 @@ type waitResource struct {
 	Kind  engine.PhaseKind `json:"kind"`
 	Phase string           `json:"phase"`
 	Until *time.Time       `json:"until,omitempty"`
+	// What a run parked for an operator needs (engine.Wait).
+	Reason       string           `json:"reason,omitempty"`
+	Error        *engine.RunError `json:"error,omitempty"`
+	ChildKey     string           `json:"child_key,omitempty"`
+	FirstAttempt *time.Time       `json:"first_attempt,omitempty"`
+	// KeyWindow is in seconds.
+	KeyWindow float64 `json:"key_window,omitempty"`
+	Resolved  bool    `json:"resolved,omitempty"`
 }
 
 type leaseResource struct {
@@ -58,17 +68,20 @@ type phaseResource struct {
 	Error      *engine.RunError `json:"error,omitempty"`
 	StartedAt  time.Time        `json:"started_at"`
 	FinishedAt time.Time        `json:"finished_at"`
+	// Compensable says that the phase registered an undo.
+	Compensable bool `json:"compensable,omitempty"`
 }
 
 func newRunResource(r *engine.Run, phases []engine.Phase) runResource {
 	res := runResource{
 		ID: r.ID, Workflow: r.Workflow, WorkflowVersion: r.WorkflowVersion, IdempotencyKey: r.IdempotencyKey,
 		Status: r.Status, RecoveryPoint: r.RecoveryPoint, Attempt: r.Attempt, Output: r.Output, Error: r.Error,
-		NextAttemptAt: r.NextAttemptAt, CancelRequestedAt: r.CancelRequestedAt,
+		NextAttemptAt: r.NextAttemptAt, CancelRequestedAt: r.CancelRequestedAt, Pivot: r.Pivot,
 		CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(), FinishedAt: utc(r.FinishedAt), ExpiresAt: utc(r.ExpiresAt),
 	}
 	if w := r.WaitingFor; w != nil && !r.Status.Finished() {
-		res.WaitingFor = &waitResource{Kind: w.Kind, Phase: w.Phase, Until: utc(w.Until)}
+		res.WaitingFor = &waitResource{Kind: w.Kind, Phase: w.Phase, Until: utc(w.Until), Reason: w.Reason, Error: w.Error,
+			ChildKey: w.ChildKey, FirstAttempt: utc(w.FirstAttempt), KeyWindow: w.KeyWindow.Seconds(), Resolved: w.Resolved}
 	}
 	if r.LeaseExpiresAt != nil {
 		res.Lease = &leaseResource{Token: r.LeaseToken, ExpiresAt: utc(r.LeaseExpiresAt)}
@@ -83,7 +96,7 @@ func newRunResource(r *engine.Run, phases []engine.Phase) runResource {
 		}
 		res.Phases = append(res.Phases, phaseResource{
 			Seq: p.Seq, Name: p.Name, Kind: p.Kind, Status: status, ChildKey: p.ChildKey, Attempts: p.Attempts,
-			Output: p.Output, Error: p.Error, StartedAt: p.StartedAt.UTC(), FinishedAt: p.FinishedAt.UTC(),
+			Output: p.Output, Error: p.Error, StartedAt: p.StartedAt.UTC(), FinishedAt: p.FinishedAt.UTC(), Compensable: p.Compensable,
 		})
 	}
 	return res
@@ -121,6 +134,14 @@ func finalResponse(r *engine.Run, instance string) (status int, contentType stri
 	}
 	p := problem{Status: status, RunID: r.ID, Instance: instance}
 	switch {
+	case r.Status == engine.StatusCompensated:
+		var rec engine.Compensation
+		_ = json.Unmarshal(r.Output, &rec)
+		p.Compensated = rec.Compensated
+		p.Code, p.Title = codeRunCancelled, "The run was cancelled and what it did was undone"
+		if r.Error != nil && r.Error.Code != engine.CodeCancelled {
+			p.Code, p.Title, p.Detail = r.Error.Code, "The run failed and what it did was undone", r.Error.Message
+		}
 	case r.Status == engine.StatusCancelled:
 		p.Code, p.Title = codeRunCancelled, "The run was cancelled"
 	case r.Error != nil:

@@ -12,69 +12,139 @@ import (
 )
 
 // cancelSQL cancels an unfinished run. One nobody holds (no lease, or an
-// expired one) is cancelled at once, with a new token so that a zombie of
-// its last executor is fenced; one a live executor holds is marked, and the
-// executor stops at its next phase boundary.
+// expired one) with nothing to undo is cancelled at once, with a new token
+// so that a zombie of its last executor is fenced. One with committed
+// phases to undo is marked and made due at once (new token, lease
+// released): an executor replays it, registering its undos, and
+// compensates. One a live executor holds is marked, and the executor stops
+// at its next phase boundary (and compensates, if it has undos by then).
+// A run past its pivot is not touched.
 const cancelSQL = `
-UPDATE ratchet.runs SET
-	cancel_requested_at = coalesce(cancel_requested_at, now()),
-	status        = CASE WHEN held THEN status ELSE 'cancelled' END,
-	error         = CASE WHEN held THEN error ELSE $2::jsonb END,
-	finished_at   = CASE WHEN held THEN NULL ELSE now() END,
-	expires_at    = CASE WHEN held THEN NULL ELSE now() + $3::interval END,
-	lease_token   = CASE WHEN held THEN lease_token ELSE lease_token + 1 END,
-	lease_owner   = CASE WHEN held THEN lease_owner END,
-	lease_expires_at = CASE WHEN held THEN lease_expires_at END,
-	next_attempt_at  = CASE WHEN held THEN next_attempt_at END,
+UPDATE ratchet.runs r SET
+	cancel_requested_at = coalesce(r.cancel_requested_at, now()),
+	status        = CASE WHEN s.at_once THEN 'cancelled' ELSE r.status END,
+	error         = CASE WHEN s.at_once THEN $2::jsonb ELSE r.error END,
+	finished_at   = CASE WHEN s.at_once THEN now() END,
+	expires_at    = CASE WHEN s.at_once THEN now() + $3::interval END,
+	lease_token   = CASE WHEN s.held THEN r.lease_token ELSE r.lease_token + 1 END,
+	lease_owner   = CASE WHEN s.held THEN r.lease_owner END,
+	lease_expires_at = CASE WHEN s.held THEN r.lease_expires_at END,
+	next_attempt_at  = CASE WHEN s.held THEN r.next_attempt_at WHEN s.at_once THEN NULL ELSE now() END,
 	updated_at = now()
-FROM (SELECT coalesce(lease_expires_at > now(), false) AS held FROM ratchet.runs WHERE id = $1 FOR UPDATE) lease
-WHERE id = $1 AND finished_at IS NULL
-RETURNING ` + runColumns
+FROM (
+	SELECT held, compensates, NOT held AND NOT compensates AS at_once FROM (
+		SELECT coalesce(lease_expires_at > now(), false) AS held,
+			status = 'compensating' OR EXISTS (SELECT 1 FROM ratchet.phases WHERE run_id = $1 AND compensable) AS compensates
+		FROM ratchet.runs WHERE id = $1 AND pivot IS NULL FOR UPDATE) locked
+) s
+WHERE r.id = $1 AND r.finished_at IS NULL AND r.pivot IS NULL
+RETURNING ` + runColumns + `, s.held, s.compensates`
 
-// Cancel cancels an unfinished run: at once if no live executor holds it,
-// else at that executor's next phase boundary (the returned run then still
-// shows it running, with CancelRequestedAt set). Phases already committed
-// stay committed. A finished run returns ErrFinished, an unknown id
-// ErrRunNotFound.
-func (c *Client) Cancel(ctx context.Context, runID string) (*Run, error) {
+// CancelOutcome says what a cancellation does.
+type CancelOutcome string
+
+const (
+	// CancelledNow: nobody held the run and it had nothing to undo; it
+	// is cancelled.
+	CancelledNow CancelOutcome = "cancelled"
+	// CancelCompensates: the run has committed phases with undos; an
+	// executor takes it at once, undoes them, newest first, and finishes
+	// it compensated.
+	CancelCompensates CancelOutcome = "compensates"
+	// CancelRequested: a live executor holds the run; it stops at its
+	// next phase boundary and compensates whatever has committed with an
+	// undo by then (a step in flight commits its result first), else
+	// finishes the run cancelled.
+	CancelRequested CancelOutcome = "requested"
+)
+
+// CancelResult is the run a cancellation left, and what it will do.
+type CancelResult struct {
+	Run     *Run
+	Outcome CancelOutcome
+}
+
+// cancelledRun is cancelSQL's row.
+type cancelledRun struct {
+	Run
+	Held        bool `db:"held"`
+	Compensates bool `db:"compensates"`
+}
+
+// Cancel cancels an unfinished run: at once if no live executor holds it
+// and it has nothing to undo; by compensating if it has committed phases
+// with undos (see CancelOutcome); else at the executor's next phase
+// boundary. Phases already committed stay committed. A run past its pivot
+// returns a *PastPivotError (ErrPastPivot), a finished run ErrFinished, an
+// unknown id ErrRunNotFound.
+func (c *Client) Cancel(ctx context.Context, runID string) (*CancelResult, error) {
 	return c.cancel(ctx, c.pool, runID)
 }
 
 // CancelTx cancels a run as Cancel does, in the caller's transaction: the
 // cancellation holds if and only if tx commits, together with the
 // caller's own writes (an order marked cancelled, say).
-func (c *Client) CancelTx(ctx context.Context, tx pgx.Tx, runID string) (*Run, error) {
+func (c *Client) CancelTx(ctx context.Context, tx pgx.Tx, runID string) (*CancelResult, error) {
 	if tx == nil {
 		return nil, errors.New("engine: CancelTx: nil transaction")
 	}
 	return c.cancel(ctx, tx, runID)
 }
 
-func (c *Client) cancel(ctx context.Context, db dbtx, runID string) (*Run, error) {
+func (c *Client) cancel(ctx context.Context, db dbtx, runID string) (*CancelResult, error) {
 	lr, err := getRun(ctx, db, runID)
 	if err != nil {
 		return nil, err
 	}
 	if lr.Status.Finished() {
-		return &lr.Run, fmt.Errorf("%w: %s is %s", ErrFinished, runID, lr.Status)
+		return &CancelResult{Run: &lr.Run}, fmt.Errorf("%w: %s is %s", ErrFinished, runID, lr.Status)
 	}
 	var ttl *time.Duration
 	if def, err := c.workflows.lookup(lr.Workflow); err == nil {
 		ttl = def.ttl(StatusCancelled)
 	}
-	run, ok, err := queryRun(ctx, db, cancelSQL, runID, cancelledError, ttl)
+	rows, err := db.Query(ctx, cancelSQL, runID, cancelledError, ttl)
+	if err != nil {
+		return nil, fmt.Errorf("engine: cancel run %s: %w", runID, notMigrated(err))
+	}
+	cr, err := pgx.CollectExactlyOneRow(rows, pgx.RowToAddrOfStructByName[cancelledRun])
+	if errors.Is(err, pgx.ErrNoRows) { // finished meanwhile, or past its pivot
+		lr, err := getRun(ctx, db, runID)
+		switch {
+		case err != nil:
+			return nil, err
+		case lr.Status.Finished():
+			return &CancelResult{Run: &lr.Run}, fmt.Errorf("%w: %s is %s", ErrFinished, runID, lr.Status)
+		case lr.Pivot != nil:
+			return &CancelResult{Run: &lr.Run}, &PastPivotError{RunID: runID, Pivot: *lr.Pivot}
+		}
+		return nil, fmt.Errorf("engine: cancel run %s: the run changed while being cancelled", runID)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("engine: cancel run %s: %w", runID, err)
 	}
-	if !ok { // finished meanwhile
-		lr, err := getRun(ctx, db, runID)
-		if err != nil {
-			return nil, err
-		}
-		return &lr.Run, fmt.Errorf("%w: %s is %s", ErrFinished, runID, lr.Status)
+	res := &CancelResult{Run: &cr.Run, Outcome: CancelRequested}
+	switch {
+	case cr.Run.Status.Finished():
+		res.Outcome = CancelledNow
+	case !cr.Held:
+		res.Outcome = CancelCompensates
 	}
-	return run, nil
+	return res, nil
 }
+
+// resumeParkedSQL makes a run parked for an operator due at once, its wait
+// marked resolved: the parked phase is tried again (a compensation) or
+// called again (a step past its key window).
+const resumeParkedSQL = `
+UPDATE ratchet.runs SET
+	waiting_for = waiting_for || '{"resolved": true}',
+	next_attempt_at = now(),
+	lease_token = lease_token + 1,
+	updated_at = now()
+WHERE id = $1 AND finished_at IS NULL AND lease_expires_at IS NULL
+	AND waiting_for->>'kind' IN ('compensation', 'reconcile')
+RETURNING ` + runColumns
 
 // reopenSQL reopens a failed run from its recovery point, with a new token.
 const reopenSQL = `
@@ -99,13 +169,21 @@ DELETE FROM ratchet.phases
 WHERE run_id = $1 AND error IS NOT NULL
 	AND seq = (SELECT max(seq) FROM ratchet.phases WHERE run_id = $1)`
 
-// Reopen retries a failed run from its recovery point: the run becomes
+// Reopen retries a failed run from its recovery point, or resumes a run
+// parked for an operator. A failed run becomes
 // pending again and due at once (keeping its last error until it finishes
 // anew). If the journal's last phase is the
 // step whose permanent failure failed the run, it is removed so that the
 // step is tried again — with the same child key, so a downstream that
-// stored its answer gives it again. Committed phases are not repeated. A run
-// that has not failed returns ErrNotFailed.
+// stored its answer gives it again. Committed phases are not repeated.
+//
+// A run parked for an operator (Wait.Kind KindCompensation or
+// KindReconcile) becomes due at once, its wait marked resolved: the
+// compensation that failed permanently is tried again, or the step whose
+// outcome only reconciliation could tell is called again with its key —
+// the operator having checked that its effect did not happen.
+//
+// Any other run returns ErrNotFailed.
 func (c *Client) Reopen(ctx context.Context, runID string) (*Run, error) {
 	return c.reopen(ctx, c.pool, runID)
 }
@@ -138,7 +216,12 @@ func (c *Client) reopen(ctx context.Context, db interface {
 			return err
 		}
 		if status != StatusFailed {
-			return fmt.Errorf("%w: %s is %s", ErrNotFailed, runID, status)
+			var ok bool
+			run, ok, err = queryRun(ctx, tx, resumeParkedSQL, runID)
+			if err == nil && !ok {
+				err = fmt.Errorf("%w: %s is %s and not parked for an operator", ErrNotFailed, runID, status)
+			}
+			return err
 		}
 		if _, err := tx.Exec(ctx, dropFailedPhaseSQL, runID); err != nil {
 			return err

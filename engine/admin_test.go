@@ -30,10 +30,11 @@ func TestCancelStopsALeasedRunAtItsNextPhaseBoundary(t *testing.T) {
 	receive(t, flow.atGate)
 	runID := b.runIDForKey(t, "k")
 
-	run, err := c.Cancel(context.Background(), runID)
+	cancelled, err := c.Cancel(context.Background(), runID)
 	require.NoError(t, err)
-	require.Equal(t, engine.StatusRunning, run.Status, "a live executor holds it: cancellation is requested")
-	require.NotNil(t, run.CancelRequestedAt)
+	require.Equal(t, engine.CancelRequested, cancelled.Outcome)
+	require.Equal(t, engine.StatusRunning, cancelled.Run.Status, "a live executor holds it: cancellation is requested")
+	require.NotNil(t, cancelled.Run.CancelRequestedAt)
 
 	close(flow.gate)
 	res := receive(t, done)
@@ -58,8 +59,10 @@ func TestCancelUnleasedRunAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(context.Background()))
 
-	run, err := c.Cancel(context.Background(), res.Run.ID)
+	cancelled, err := c.Cancel(context.Background(), res.Run.ID)
 	require.NoError(t, err)
+	require.Equal(t, engine.CancelledNow, cancelled.Outcome)
+	run := cancelled.Run
 	require.Equal(t, engine.StatusCancelled, run.Status)
 	require.NotNil(t, run.FinishedAt)
 	require.NotNil(t, run.ExpiresAt, "a cancelled run expires like any finished one")
@@ -80,7 +83,7 @@ func TestReopenRetriesAFailedRunFromItsRecoveryPoint(t *testing.T) {
 	customer := fakes.DeclinedCustomer
 	workflows := engine.NewWorkflows()
 	_, err := engine.Register(workflows, "pay2", func(ctx context.Context, _ struct{}) (string, error) {
-		if _, err := engine.Atomic(ctx, "created", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "created") }); err != nil {
+		if _, err := engine.Atomic(ctx, "created", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "created") }, nil); err != nil {
 			return "", err
 		}
 		ch, err := engine.Step(ctx, "charged", func(ctx context.Context, _ steps.Key) (fakes.Charge, error) {
@@ -219,11 +222,11 @@ func TestCancelTxAndReopenTxJoinTheCallersTransaction(t *testing.T) {
 
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
-	run, err := c.CancelTx(ctx, tx, pending.ID)
+	cancelled, err := c.CancelTx(ctx, tx, pending.ID)
 	require.NoError(t, err)
-	require.Equal(t, engine.StatusCancelled, run.Status, "as the transaction sees it")
+	require.Equal(t, engine.StatusCancelled, cancelled.Run.Status, "as the transaction sees it")
 	require.NoError(t, tx.Rollback(ctx))
-	run, err = c.GetRun(ctx, pending.ID)
+	run, err := c.GetRun(ctx, pending.ID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusPending, run.Status, "rolled back with the caller's transaction")
 

@@ -14,6 +14,23 @@ import (
 	"github.com/ratchet-run/ratchet/steps"
 )
 
+// AtomicOpts are options for Atomic, typed by the phase's output T. A nil
+// *AtomicOpts is valid.
+type AtomicOpts[T any] struct {
+	// Compensate is the phase's undo, run in a transaction of its own,
+	// with done, the phase's committed output, if the run later fails
+	// permanently or is cancelled before its pivot; it is journaled as the
+	// phase "undo:<name>" in that transaction (docs/compensation.md).
+	Compensate func(ctx context.Context, tx pgx.Tx, done T) error
+	// Pivot makes this phase the run's pivot: once it commits, the run no
+	// longer compensates — a later failure is retried forward, and a
+	// cancellation is refused (ErrPastPivot). A cancellation asked before
+	// it refuses its commit instead, in the same fenced statement: a run
+	// is either compensated or carried through, never both. At most one
+	// phase of a run is its pivot.
+	Pivot bool
+}
+
 // Atomic runs fn as the phase called name, inside a transaction that also
 // writes the phase's journal row and moves the run's recovery point, fenced
 // by the lease token: fn's writes commit if and only if the phase does.
@@ -25,17 +42,27 @@ import (
 //
 // Phases of one run are called one after another, never concurrently, and
 // in the same order on every execution; names are unique within a run.
-func Atomic[T any](ctx context.Context, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (T, error) {
+func Atomic[T any](ctx context.Context, name string, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts *AtomicOpts[T]) (T, error) {
+	if opts == nil {
+		opts = &AtomicOpts[T]{}
+	}
+	var undo func(T) *compensator
+	if opts.Compensate != nil {
+		undo = func(done T) *compensator {
+			return &compensator{atomic: func(ctx context.Context, tx pgx.Tx) error { return opts.Compensate(ctx, tx, done) }}
+		}
+	}
 	return phase(ctx, name, KindAtomic, func(ctx context.Context, ex *execution, seq int, _ steps.Key) (T, error) {
-		return runAtomic(ctx, ex, seq, name, fn)
-	})
+		return runAtomic(ctx, ex, seq, name, fn, opts)
+	}, undo)
 }
 
 // phase is what every kind of phase shares: find the execution, take the
 // next journal position, and either replay the journaled phase or run it,
 // between the hooks. A step's child key is derived here, so that the hooks
-// see it.
-func phase[T any](ctx context.Context, name string, kind PhaseKind, run func(ctx context.Context, ex *execution, seq int, key steps.Key) (T, error)) (T, error) {
+// see it. A phase that succeeds (run or replayed) with an undo registers
+// it for compensation.
+func phase[T any](ctx context.Context, name string, kind PhaseKind, run func(ctx context.Context, ex *execution, seq int, key steps.Key) (T, error), undo func(T) *compensator) (T, error) {
 	var zero T
 	ex, err := executionFrom(ctx)
 	if err != nil {
@@ -57,6 +84,9 @@ func phase[T any](ctx context.Context, name string, kind PhaseKind, run func(ctx
 		}
 		return run(ctx, ex, seq, key)
 	}()
+	if err == nil && undo != nil {
+		ex.register(name, undo(out))
+	}
 	if err == nil && memo == nil && crashpoint.Hit(ctx, name) {
 		// The test kit's crash: the phase committed, and the process
 		// "dies" before anything else is written.
@@ -77,7 +107,7 @@ func replay[T any](p *Phase) (T, error) {
 	return decodeOutput[T](p)
 }
 
-func runAtomic[T any](ctx context.Context, ex *execution, seq int, name string, fn func(context.Context, pgx.Tx) (T, error)) (T, error) {
+func runAtomic[T any](ctx context.Context, ex *execution, seq int, name string, fn func(context.Context, pgx.Tx) (T, error), opts *AtomicOpts[T]) (T, error) {
 	var zero T
 	tx, err := ex.c.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: ex.c.beginPhase})
 	if err != nil {
@@ -93,7 +123,8 @@ func runAtomic[T any](ctx context.Context, ex *execution, seq int, name string, 
 	if err != nil {
 		return zero, err
 	}
-	cancel, err := ex.commitPhase(ctx, tx, phaseRecord{seq: seq, name: name, kind: KindAtomic, output: raw, attempts: 1})
+	cancel, err := ex.commitPhase(ctx, tx, phaseRecord{seq: seq, name: name, kind: KindAtomic, output: raw, attempts: 1,
+		compensable: opts.Compensate != nil, pivot: opts.Pivot})
 	if err != nil {
 		return zero, err
 	}
@@ -101,6 +132,9 @@ func runAtomic[T any](ctx context.Context, ex *execution, seq int, name string, 
 		return zero, ex.breakOff(fmt.Errorf("engine: phase %q: commit: %w", name, err))
 	}
 	ex.committed(name, cancel)
+	if opts.Pivot {
+		ex.passPivot()
+	}
 	return out, nil
 }
 
@@ -122,6 +156,10 @@ type phaseRecord struct {
 	attempts  int
 	err       *RunError
 	startedAt *time.Time // nil: the transaction's start
+	// compensable records that the phase registered an undo; pivot makes
+	// it the run's pivot (refused, as an atomic phase is, when a
+	// cancellation is pending).
+	compensable, pivot bool
 }
 
 // commitPhaseSQL writes a journal row and advances the recovery point in one
@@ -137,13 +175,14 @@ type phaseRecord struct {
 // lease, which stops the execution just as safely).
 const commitPhaseSQL = `
 WITH advanced AS (
-	UPDATE ratchet.runs SET recovery_point = $3, waiting_for = NULL, updated_at = now()
+	UPDATE ratchet.runs SET recovery_point = $3, waiting_for = NULL, updated_at = now(),
+		pivot = CASE WHEN $13 THEN $3 ELSE pivot END
 	WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
 		AND (cancel_requested_at IS NULL OR $11)
 	RETURNING id, cancel_requested_at IS NOT NULL AS cancel
 ), journaled AS (
-	INSERT INTO ratchet.phases (run_id, seq, name, kind, output, child_key, attempts, error, started_at, finished_at)
-	SELECT id, $4, $3, $5, $6, $7, $8, $9, coalesce($10, now()), clock_timestamp() FROM advanced
+	INSERT INTO ratchet.phases (run_id, seq, name, kind, output, child_key, attempts, error, started_at, finished_at, compensable)
+	SELECT id, $4, $3, $5, $6, $7, $8, $9, coalesce($10, now()), clock_timestamp(), $12 FROM advanced
 	RETURNING 1
 )
 SELECT committed, coalesce((SELECT cancel FROM advanced), false),
@@ -162,7 +201,7 @@ func (ex *execution) commitPhase(ctx context.Context, db dbtx, p phaseRecord) (c
 	var committed, refusedForCancel bool
 	err = db.QueryRow(ctx, commitPhaseSQL,
 		ex.run.ID, ex.run.LeaseToken, p.name, p.seq, p.kind, p.output, p.childKey, p.attempts, p.err, p.startedAt,
-		p.kind != KindAtomic).Scan(&committed, &cancel, &refusedForCancel)
+		p.kind != KindAtomic, p.compensable, p.pivot).Scan(&committed, &cancel, &refusedForCancel)
 	switch {
 	case err != nil:
 		return false, ex.breakOff(fmt.Errorf("engine: phase %q: commit journal: %w", p.name, err))
@@ -205,18 +244,20 @@ func (ex *execution) enter(name string) (memo *Phase, seq int, err error) {
 		return nil, 0, ex.fatal
 	case ex.broken != nil:
 		return nil, 0, ex.broken
-	case ex.cancelled:
-		ex.stopped = true
-		return nil, 0, ErrCancelled
 	case ex.inPhase:
 		ex.fatal = &phaseUsageError{code: CodeInvalidPhase, msg: fmt.Sprintf("phase %q called while another phase of the run is in progress: phases must run one after another", name)}
 		return nil, 0, ex.fatal
 	case name == "" || !utf8.ValidString(name) || utf8.RuneCountInString(name) > 255:
 		ex.fatal = &phaseUsageError{code: CodeInvalidPhase, msg: fmt.Sprintf("phase name %q: want 1..255 characters of UTF-8", name)}
 		return nil, 0, ex.fatal
+	case reservedPhaseName(name):
+		ex.fatal = &phaseUsageError{code: CodeInvalidPhase, msg: fmt.Sprintf("phase name %q: %q and names beginning %q are the engine's (compensation)", name, undoPhase, undoPrefix)}
+		return nil, 0, ex.fatal
 	}
 	seq = ex.next
 	if seq < len(ex.journal) {
+		// Journaled phases replay even when the run is to stop: replaying
+		// has no effect, and it registers the undos a compensation needs.
 		j := &ex.journal[seq]
 		if j.Name != name {
 			ex.fatal = &NonDeterminismError{Seq: seq, Journaled: j.Name, Called: name}
@@ -227,7 +268,15 @@ func (ex *execution) enter(name string) (memo *Phase, seq int, err error) {
 		ex.inPhase = true
 		return j, seq, nil
 	}
-	if ex.used[name] {
+	switch {
+	case ex.compensating:
+		// A run resumed to compensate replays its journal only, to
+		// register its undos; it goes no further forward.
+		return nil, 0, errCompensating
+	case ex.cancelled:
+		ex.stopped = true
+		return nil, 0, ErrCancelled
+	case ex.used[name]:
 		ex.fatal = &phaseUsageError{code: CodeDuplicatePhase, msg: fmt.Sprintf("phase name %q used twice in one run", name)}
 		return nil, 0, ex.fatal
 	}

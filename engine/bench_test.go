@@ -69,7 +69,7 @@ func benchNoop3(b *testing.B, traced bool) {
 	noop := func(context.Context, pgx.Tx) (struct{}, error) { return struct{}{}, nil }
 	_, err := engine.Register(workflows, "noop3", func(ctx context.Context, _ struct{}) (struct{}, error) {
 		for _, name := range []string{"one", "two", "three"} {
-			if _, err := engine.Atomic(ctx, name, noop); err != nil {
+			if _, err := engine.Atomic(ctx, name, noop, nil); err != nil {
 				return struct{}{}, err
 			}
 		}

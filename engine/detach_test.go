@@ -26,10 +26,10 @@ func gate(t *testing.T) (workflows *engine.Workflows, wf *engine.Workflow[struct
 			case <-ctx.Done():
 				return 0, context.Cause(ctx)
 			}
-		}); err != nil {
+		}, nil); err != nil {
 			return 0, err
 		}
-		return engine.Atomic(ctx, "after", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "after") })
+		return engine.Atomic(ctx, "after", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "after") }, nil)
 	}, nil)
 	require.NoError(t, err)
 	return workflows, wf, entered, release

@@ -169,13 +169,13 @@ func TestContinueExecutesFromTheRecoveryPoint(t *testing.T) {
 	executions := 0
 	_, err := engine.Register(workflows, "two", func(ctx context.Context, _ struct{}) (int, error) {
 		executions++
-		if _, err := engine.Atomic(ctx, "first", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "first") }); err != nil {
+		if _, err := engine.Atomic(ctx, "first", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "first") }, nil); err != nil {
 			return 0, err
 		}
 		if executions == 1 {
 			return 0, errors.New("fails once between the phases")
 		}
-		return engine.Atomic(ctx, "second", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "second") })
+		return engine.Atomic(ctx, "second", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "second") }, nil)
 	}, nil)
 	require.NoError(t, err)
 	c := b.client(t, workflows, &engine.Config{Retry: constantRetry(0)})
@@ -205,7 +205,7 @@ func TestExecutionTimeoutReleasesTheRunToBeRetried(t *testing.T) {
 		return engine.Atomic(ctx, "waits", func(ctx context.Context, _ pgx.Tx) (int, error) {
 			<-ctx.Done()
 			return 0, ctx.Err()
-		})
+		}, nil)
 	}, nil)
 	require.NoError(t, err)
 	c := b.client(t, workflows, &engine.Config{Retry: constantRetry(time.Hour)})

@@ -49,8 +49,13 @@ var (
 	// cancelled, or reopened unless it failed.
 	ErrFinished = errors.New("engine: run already finished")
 
-	// ErrNotFailed means a reopen was asked of a run that has not failed.
+	// ErrNotFailed means a reopen was asked of a run that has not failed
+	// and is not parked for an operator.
 	ErrNotFailed = errors.New("engine: run has not failed")
+
+	// ErrPastPivot means a cancellation was asked of a run that has
+	// committed its pivot phase: it only goes forward now.
+	ErrPastPivot = errors.New("engine: run is past its pivot")
 
 	// ErrNotMigrated means the database lacks Ratchet's tables: apply the
 	// migrations (`ratchet migrate`, or migrations.Apply).
@@ -107,6 +112,20 @@ func (e *LeaseHeldError) Error() string {
 }
 
 func (e *LeaseHeldError) Unwrap() error { return ErrLeaseHeld }
+
+// PastPivotError reports a cancellation refused because the run has
+// committed its pivot phase (AtomicOpts.Pivot): it no longer compensates
+// and will be carried through.
+type PastPivotError struct {
+	RunID string
+	Pivot string
+}
+
+func (e *PastPivotError) Error() string {
+	return fmt.Sprintf("engine: run %s is past its pivot %q: it is carried through, not cancelled", e.RunID, e.Pivot)
+}
+
+func (e *PastPivotError) Unwrap() error { return ErrPastPivot }
 
 // NonDeterminismError reports workflow code that no longer matches the run's
 // journal: at position Seq the journal holds phase Journaled, but the code

@@ -194,7 +194,7 @@ func ExampleClient_TakeOver() {
 				executed[name]++
 				mu.Unlock()
 				return 0, nil
-			}); err != nil {
+			}, nil); err != nil {
 				return 0, err
 			}
 		}
@@ -251,7 +251,7 @@ func ExampleNonDeterminismError() {
 		workflows := engine.NewWorkflows()
 		_, err := engine.Register(workflows, "order", func(ctx context.Context, _ struct{}) (int, error) {
 			for _, name := range []string{phase, "shipped"} {
-				if _, err := engine.Atomic(ctx, name, func(context.Context, pgx.Tx) (int, error) { return 0, nil }); err != nil {
+				if _, err := engine.Atomic(ctx, name, func(context.Context, pgx.Tx) (int, error) { return 0, nil }, nil); err != nil {
 					var nd *engine.NonDeterminismError
 					if errors.As(err, &nd) {
 						fmt.Println("the phase says:", nd)

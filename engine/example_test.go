@@ -59,7 +59,7 @@ func Example() {
 			var id int64
 			err := tx.QueryRow(ctx, `INSERT INTO payments (amount, customer) VALUES ($1, $2) RETURNING id`, in.Amount, in.Customer).Scan(&id)
 			return id, err
-		})
+		}, nil)
 		if err != nil {
 			return Receipt{}, err
 		}
@@ -77,14 +77,14 @@ func Example() {
 				return "", err // classified: 4xx permanent, 5xx and timeouts retried with the same key
 			}
 			return resp.Header.Get("Charge-Id"), nil
-		}, &engine.StepOpts{Timeout: 5 * time.Second})
+		}, &engine.StepOpts[string]{Timeout: 5 * time.Second})
 		if err != nil {
 			return Receipt{}, err
 		}
 		_, err = engine.Atomic(ctx, "payment_succeeded", func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
 			_, err := tx.Exec(ctx, `UPDATE payments SET charge_id = $2 WHERE id = $1`, id, chargeID)
 			return struct{}{}, err
-		})
+		}, nil)
 		return Receipt{PaymentID: id, ChargeID: chargeID}, err
 	}, &engine.WorkflowOpts{Retention: engine.RetentionForever})
 	if err != nil {
@@ -135,7 +135,7 @@ func Example() {
 // noop registers a one-phase workflow named name that returns its input.
 func noop(workflows *engine.Workflows, name string) *engine.Workflow[int, int] {
 	wf, err := engine.Register(workflows, name, func(ctx context.Context, in int) (int, error) {
-		return engine.Atomic(ctx, "done", func(context.Context, pgx.Tx) (int, error) { return in, nil })
+		return engine.Atomic(ctx, "done", func(context.Context, pgx.Tx) (int, error) { return in, nil }, nil)
 	}, nil)
 	if err != nil {
 		log.Fatal(err)

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -42,6 +43,18 @@ type execution struct {
 	// parked, once set, is the run as a waiting phase parked it: the
 	// execution is over, with nothing more to write.
 	parked *Run
+
+	// undos are the compensations registered by the phases committed or
+	// replayed so far, oldest first; none once the pivot has committed.
+	undos   []*compensator
+	pivoted bool
+	// compensating is set once the run compensates (or was resumed
+	// compensating), for cause; undone holds the compensation phases
+	// journaled; seqEnd is the journal's length when the execution began.
+	compensating bool
+	cause        *RunError
+	undone       map[string]bool
+	seqEnd       int
 }
 
 func executionFrom(ctx context.Context) (*execution, error) {
@@ -59,10 +72,12 @@ func executionFrom(ctx context.Context) (*execution, error) {
 func (c *Client) execute(ctx context.Context, def definition, run *Run, journal []Phase) (*Run, error) {
 	ctx, lose := context.WithCancelCause(ctx)
 	defer lose(nil)
-	ex := &execution{c: c, def: def, run: run, journal: journal, lose: lose, used: make(map[string]bool, len(journal)),
+	forward, undone, cause := splitJournal(journal)
+	ex := &execution{c: c, def: def, run: run, journal: forward, lose: lose, used: make(map[string]bool, len(journal)),
 		// A cancellation asked of the run's previous executor is honoured
-		// at this one's first phase.
-		cancelled: run.CancelRequestedAt != nil}
+		// at this one's first new phase.
+		cancelled: run.CancelRequestedAt != nil,
+		pivoted:   run.Pivot != nil, compensating: run.Status == StatusCompensating, cause: cause, undone: undone, seqEnd: len(journal)}
 	ctx = context.WithValue(ctx, executionKey{}, ex)
 	defer c.track(ex)()
 
@@ -70,6 +85,10 @@ func (c *Client) execute(ctx context.Context, def definition, run *Run, journal 
 
 	stopHeartbeat := c.heartbeat(ctx, ex)
 	output, err := ex.invoke(ctx)
+	if cause := c.compensationCause(ctx, ex, err); cause != nil {
+		// Under the same heartbeat: undos are calls that take time.
+		err = c.compensate(ctx, ex, cause)
+	}
 	stopHeartbeat()
 
 	final, err := c.conclude(ctx, ex, output, err)
@@ -178,13 +197,19 @@ func (c *Client) conclude(ctx context.Context, ex *execution, output []byte, err
 	}
 
 	ex.mu.Lock()
-	fatal, broken, stopped := ex.fatal, ex.broken, ex.stopped
-	if fatal == nil && broken == nil && err == nil && ex.next < len(ex.journal) {
+	fatal, broken, stopped, compensating := ex.fatal, ex.broken, ex.stopped, ex.compensating
+	if fatal == nil && broken == nil && err == nil && ex.next < len(ex.journal) && !compensating {
 		fatal = &NonDeterminismError{Seq: ex.next, Journaled: ex.journal[ex.next].Name}
 	}
 	ex.mu.Unlock()
 
 	switch {
+	case compensating && err == nil && broken == nil:
+		return c.finish(ctx, ex, StatusCompensated, ex.compensationRecord(), ex.cause)
+	case compensating:
+		// An undo failed retryably (or a commit's outcome is unknown):
+		// compensations are retried until they succeed.
+		return c.retryLater(ctx, ex, cmp.Or(broken, err), c.runError(cmp.Or(broken, err)))
 	case stopped:
 		return c.finish(ctx, ex, StatusCancelled, nil, cancelledError)
 	case fatal != nil:
@@ -200,6 +225,10 @@ func (c *Client) conclude(ctx context.Context, ex *execution, output []byte, err
 	}
 	return c.retryLater(ctx, ex, err, runErr)
 }
+
+// releasedStatus is the status of a run released by its executor: pending,
+// unless it is compensating (which it stays until it finishes).
+const releasedStatus = `CASE WHEN status = 'compensating' THEN status ELSE 'pending' END`
 
 // finishSQL ends a run: status, output or error, expiry, and the lease
 // released, in one fenced statement.
@@ -238,7 +267,7 @@ func (c *Client) finish(ctx context.Context, ex *execution, status Status, outpu
 const retrySQL = `
 UPDATE ratchet.runs SET
 	lease_token = lease_token + 1,
-	status = 'pending',
+	status = ` + releasedStatus + `,
 	error = $3,
 	next_attempt_at = now() + $4::interval,
 	lease_owner = NULL,
@@ -247,15 +276,23 @@ UPDATE ratchet.runs SET
 WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
 RETURNING ` + runColumns
 
-// retryLater releases the run to be executed again after the backoff its
-// retry policy gives for cause, or fails it if the policy gives up.
-func (c *Client) retryLater(ctx context.Context, ex *execution, cause error, runErr *RunError) (*Run, error) {
+// retryDecision is the backoff the run's retry policy gives for cause, and
+// whether the policy gives up instead. A compensating run's policy never
+// gives up: compensations are retried until they succeed.
+func (c *Client) retryDecision(ex *execution, cause error) (backoff time.Duration, givesUp bool) {
 	policy := c.cfg.Retry
 	if p := ex.def.retryPolicy(); p != nil {
 		policy = *p
 	}
-	backoff := policy.delay(ex.run.Attempt, cause)
-	if policy.givesUp(ex.run.Attempt, ex.run.CreatedAt, backoff) {
+	backoff = policy.delay(ex.run.Attempt, cause)
+	return backoff, !ex.compensating && policy.givesUp(ex.run.Attempt, ex.run.CreatedAt, backoff)
+}
+
+// retryLater releases the run to be executed again after the backoff its
+// retry policy gives for cause, or fails it if the policy gives up.
+func (c *Client) retryLater(ctx context.Context, ex *execution, cause error, runErr *RunError) (*Run, error) {
+	backoff, givesUp := c.retryDecision(ex, cause)
+	if givesUp {
 		c.logger.WarnContext(ctx, "run failed retryably and its retry policy gives up",
 			slog.String("run_id", ex.run.ID), slog.Int("attempt", ex.run.Attempt), slog.String("error", runErr.Message))
 		return c.finish(ctx, ex, StatusFailed, nil, exhausted(ex.run.Attempt, runErr))

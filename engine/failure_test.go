@@ -26,7 +26,7 @@ func registerFailing(t *testing.T, fail func() error) *engine.Workflows {
 				return struct{}{}, err
 			}
 			return struct{}{}, fail()
-		})
+		}, nil)
 	}, nil)
 	require.NoError(t, err)
 	return workflows
@@ -118,10 +118,10 @@ func TestDuplicatePhaseNameFailsRun(t *testing.T) {
 	workflows := engine.NewWorkflows()
 	_, err := engine.Register(workflows, "dup", func(ctx context.Context, _ struct{}) (struct{}, error) {
 		noop := func(context.Context, pgx.Tx) (int, error) { return 1, nil }
-		if _, err := engine.Atomic(ctx, "same", noop); err != nil {
+		if _, err := engine.Atomic(ctx, "same", noop, nil); err != nil {
 			return struct{}{}, err
 		}
-		_, err := engine.Atomic(ctx, "same", noop)
+		_, err := engine.Atomic(ctx, "same", noop, nil)
 		return struct{}{}, err
 	}, nil)
 	require.NoError(t, err)
@@ -134,6 +134,6 @@ func TestDuplicatePhaseNameFailsRun(t *testing.T) {
 
 func TestAtomicOutsideRunIsAnError(t *testing.T) {
 	t.Parallel()
-	_, err := engine.Atomic(context.Background(), "p", func(context.Context, pgx.Tx) (int, error) { return 0, nil })
+	_, err := engine.Atomic(context.Background(), "p", func(context.Context, pgx.Tx) (int, error) { return 0, nil }, nil)
 	require.ErrorIs(t, err, engine.ErrNotInRun)
 }

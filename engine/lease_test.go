@@ -41,10 +41,10 @@ func TestASupersededExecutionIsReportedOnce(t *testing.T) {
 	workflows := engine.NewWorkflows()
 	_, err := engine.Register(workflows, "taken", func(ctx context.Context, _ struct{}) (int, error) {
 		return engine.Atomic(ctx, "only", func(ctx context.Context, _ pgx.Tx) (int, error) {
-			// Another executor takes the run over meanwhile.
+
 			_, err := b.pool.Exec(ctx, `UPDATE ratchet.runs SET lease_token = lease_token + 1`)
 			return 1, err
-		})
+		}, nil)
 	}, nil)
 	require.NoError(t, err)
 	logs := &logCapture{}
@@ -67,7 +67,7 @@ func TestAnExecutionWhoseHeartbeatsFailStopsBeforeItsLeaseMayExpire(t *testing.T
 			inCall <- struct{}{}
 			<-ctx.Done() // a slow downstream
 			return "", ctx.Err()
-		}, &engine.StepOpts{Policy: &steps.Policy{MaxAttempts: 1}})
+		}, &engine.StepOpts[string]{Policy: &steps.Policy{MaxAttempts: 1}})
 	}, nil)
 	require.NoError(t, err)
 	const staleAfter = 900 * time.Millisecond
@@ -106,7 +106,7 @@ func TestACancelThatCommitsWhileAPhaseCommitWaitsStopsTheRunAsCancelled(t *testi
 			inPhase <- struct{}{}
 			<-proceed
 			return 1, nil
-		})
+		}, nil)
 	}, nil)
 	require.NoError(t, err)
 	logs := &logCapture{}
@@ -148,7 +148,7 @@ func TestACancelAfterTheLastPhaseLetsTheRunFinishAsItReturns(t *testing.T) {
 	workflows := engine.NewWorkflows()
 	committed, proceed := make(chan struct{}, 1), make(chan struct{})
 	_, err := engine.Register(workflows, "late", func(ctx context.Context, _ struct{}) (int, error) {
-		n, err := engine.Atomic(ctx, "only", func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+		n, err := engine.Atomic(ctx, "only", func(context.Context, pgx.Tx) (int, error) { return 1, nil }, nil)
 		committed <- struct{}{}
 		<-proceed
 		return n, err
@@ -163,7 +163,8 @@ func TestACancelAfterTheLastPhaseLetsTheRunFinishAsItReturns(t *testing.T) {
 	receive(t, committed)
 	requested, err := c.Cancel(ctx, b.runIDForKey(t, "k"))
 	require.NoError(t, err)
-	require.Equal(t, engine.StatusRunning, requested.Status, "held by a live executor: requested, not done")
+	require.Equal(t, engine.CancelRequested, requested.Outcome)
+	require.Equal(t, engine.StatusRunning, requested.Run.Status, "held by a live executor: requested, not done")
 	close(proceed)
 	run := receive(t, done).Run
 	require.Equal(t, engine.StatusSucceeded, run.Status)

@@ -32,7 +32,7 @@ func TestAPhaseReturnsWhatItsReplayWillReturn(t *testing.T) {
 		seen []string
 	)
 	_, err := engine.Register(workflows, "lossy", func(ctx context.Context, _ struct{}) (int, error) {
-		v, err := engine.Atomic(ctx, "made", func(context.Context, pgx.Tx) (withPrivate, error) { return withPrivate{Public: 1, private: 7}, nil })
+		v, err := engine.Atomic(ctx, "made", func(context.Context, pgx.Tx) (withPrivate, error) { return withPrivate{Public: 1, private: 7}, nil }, nil)
 		if err != nil {
 			return 0, err
 		}
@@ -67,16 +67,16 @@ func TestMisconfigurationsSayWhatToDo(t *testing.T) {
 	workflows := engine.NewWorkflows()
 	_, err := engine.Register(workflows, "idle", func(ctx context.Context, _ struct{}) (int, error) {
 		return engine.Atomic(ctx, "slow", func(context.Context, pgx.Tx) (int, error) {
-			time.Sleep(600 * time.Millisecond) // the mistake under test: slow work inside the transaction
+			time.Sleep(600 * time.Millisecond)
 			return 1, nil
-		})
+		}, nil)
 	}, nil)
 	require.NoError(t, err)
 	_, err = engine.Register(workflows, "unmigrated", func(ctx context.Context, _ struct{}) (int, error) {
 		return engine.Atomic(ctx, "write", func(ctx context.Context, tx pgx.Tx) (int, error) {
 			_, err := tx.Exec(ctx, `INSERT INTO app.orders VALUES (1)`)
 			return 1, err
-		})
+		}, nil)
 	}, nil)
 	require.NoError(t, err)
 	c := b.client(t, workflows, &engine.Config{StaleAfter: 300 * time.Millisecond, Retry: constantRetry(time.Hour)})
@@ -135,7 +135,7 @@ func TestRunInfoFromTellsAWorkflowWhichRunItIs(t *testing.T) {
 		return engine.Atomic(ctx, "p", func(ctx context.Context, _ pgx.Tx) (int, error) {
 			inPhase, _ = engine.RunInfoFrom(ctx)
 			return 1, nil
-		})
+		}, nil)
 	}, &engine.WorkflowOpts{Version: 3})
 	require.NoError(t, err)
 	c := b.client(t, workflows, nil)

@@ -35,7 +35,7 @@ func registerGated(t *testing.T, executor string) *gatedFlow {
 		first := g.executions.Add(1) == 1
 		if _, err := engine.Atomic(ctx, "reserved", func(ctx context.Context, tx pgx.Tx) (int, error) {
 			return bump(ctx, tx, "reserved")
-		}); err != nil {
+		}, nil); err != nil {
 			return receipt{}, err
 		}
 		if first {
@@ -51,7 +51,7 @@ func registerGated(t *testing.T, executor string) *gatedFlow {
 				return 0, err
 			}
 			return bump(ctx, tx, "captured")
-		})
+		}, nil)
 		if err != nil {
 			return receipt{}, err
 		}
@@ -206,7 +206,7 @@ func TestHeartbeatThatFindsTokenChangedCancelsExecutor(t *testing.T) {
 			<-ctx.Done()
 			cause <- context.Cause(ctx)
 			return struct{}{}, ctx.Err()
-		})
+		}, nil)
 	}, nil)
 	require.NoError(t, err)
 	a := b.client(t, workflows, &engine.Config{StaleAfter: time.Second, HeartbeatInterval: 20 * time.Millisecond})
@@ -251,7 +251,7 @@ func TestNonDeterministicResumeFailsRunNamingBothPhases(t *testing.T) {
 		_, err := engine.Atomic(ctx, "held", func(ctx context.Context, tx pgx.Tx) (int, error) {
 			ran = true
 			return 0, nil
-		})
+		}, nil)
 		return receipt{}, err
 	}, nil)
 	require.NoError(t, err)

@@ -17,17 +17,24 @@ import (
 type Status string
 
 const (
-	StatusPending   Status = "pending"   // not yet claimed, or released to be retried
-	StatusRunning   Status = "running"   // claimed by an executor (whose lease may have expired)
-	StatusWaiting   Status = "waiting"   // parked until a time or a signal
-	StatusSucceeded Status = "succeeded" // finished with an output
-	StatusFailed    Status = "failed"    // finished with a permanent error
-	StatusCancelled Status = "cancelled" // finished by cancellation
+	StatusPending Status = "pending" // not yet claimed, or released to be retried
+	StatusRunning Status = "running" // claimed by an executor (whose lease may have expired)
+	StatusWaiting Status = "waiting" // parked until a time, a signal or an operator
+	// StatusCompensating: failed permanently or cancelled before its
+	// pivot, the run is undoing its compensable phases, newest first.
+	StatusCompensating Status = "compensating"
+	StatusSucceeded    Status = "succeeded" // finished with an output
+	StatusFailed       Status = "failed"    // finished with a permanent error
+	StatusCancelled    Status = "cancelled" // finished by cancellation
+	// StatusCompensated: finished with every compensable phase undone;
+	// its error is the cause (the failure, or the cancellation), its
+	// output lists what was undone.
+	StatusCompensated Status = "compensated"
 )
 
 // Finished reports whether s is a terminal status.
 func (s Status) Finished() bool {
-	return s == StatusSucceeded || s == StatusFailed || s == StatusCancelled
+	return s == StatusSucceeded || s == StatusFailed || s == StatusCancelled || s == StatusCompensated
 }
 
 // Run is a snapshot of one run's row.
@@ -68,11 +75,17 @@ type Run struct {
 	// WaitingFor says what a parked run waits for (its status is then
 	// waiting): the phase, and the time it wakes at.
 	WaitingFor *Wait `db:"waiting_for"`
+	// Pivot names the run's pivot phase once it has committed: from then
+	// on the run no longer compensates, and a cancellation is refused.
+	Pivot *string `db:"pivot"`
 }
 
 // Wait describes what a run is parked for.
 type Wait struct {
-	// Kind is the waiting phase's kind: KindSleep or KindSignal.
+	// Kind is the waiting phase's kind: KindSleep or KindSignal, or, for a
+	// run parked for an operator, KindCompensation (a compensation failed
+	// permanently) or KindReconcile (a step's outcome is unknown and may
+	// be past the downstream's key window).
 	Kind PhaseKind `json:"kind"`
 	// Phase is the waiting phase's name, and Seq its place in the journal.
 	Phase string `json:"phase"`
@@ -84,13 +97,27 @@ type Wait struct {
 	// it matches besides the run's own id.
 	Signal         string `json:"signal,omitempty"`
 	CorrelationKey string `json:"correlation_key,omitempty"`
+	// Reason says, for a run parked for an operator, what happened and
+	// what to do; Error is the failure that parked it, if any.
+	Reason string    `json:"reason,omitempty"`
+	Error  *RunError `json:"error,omitempty"`
+	// ChildKey is the parked step's child key; FirstAttempt the earliest
+	// moment it may first have been sent, by the database's clock; and
+	// KeyWindow how long its downstream remembers keys (KindReconcile).
+	ChildKey     string        `json:"child_key,omitempty"`
+	FirstAttempt *time.Time    `json:"first_attempt,omitempty"`
+	KeyWindow    time.Duration `json:"key_window,omitempty"`
+	// Resolved is set by Reopen: an operator has seen the parked phase and
+	// asks for it to be tried again (a compensation) or called again (a
+	// step past its key window).
+	Resolved bool `json:"resolved,omitempty"`
 }
 
 // runColumns lists Run's columns in the order of its fields.
 const runColumns = `id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
 	status, recovery_point, lease_owner, lease_token, lease_expires_at, attempt, next_attempt_at,
 	output, error, response_status, traceparent, created_at, updated_at, finished_at, expires_at,
-	cancel_requested_at, due_at, waiting_for`
+	cancel_requested_at, due_at, waiting_for, pivot`
 
 // dbtx is what both a pool and a transaction offer.
 type dbtx interface {
@@ -185,6 +212,12 @@ const (
 	KindStep   PhaseKind = "step"   // runs outside any transaction, then commits its result
 	KindSleep  PhaseKind = "sleep"  // parks the run until a time, then commits
 	KindSignal PhaseKind = "signal" // parks the run until a signal or a timeout, then commits it
+	// KindCompensation: the decision to compensate ("undo", its output
+	// the cause) and each undo of a compensable phase ("undo:<name>").
+	KindCompensation PhaseKind = "compensation"
+	// KindReconcile is never journaled: it is the Wait.Kind of a run
+	// parked because a step must be reconciled by an operator.
+	KindReconcile PhaseKind = "reconcile"
 )
 
 // Phase is one committed entry of a run's journal.
@@ -199,9 +232,12 @@ type Phase struct {
 	Error      *RunError       `db:"error"`
 	StartedAt  time.Time       `db:"started_at"`
 	FinishedAt time.Time       `db:"finished_at"`
+	// Compensable is set when the phase committed with an undo
+	// registered (StepOpts.Compensate, AtomicOpts.Compensate).
+	Compensable bool `db:"compensable"`
 }
 
-const listPhasesSQL = `SELECT run_id, seq, name, kind, output, child_key, attempts, error, started_at, finished_at
+const listPhasesSQL = `SELECT run_id, seq, name, kind, output, child_key, attempts, error, started_at, finished_at, compensable
 FROM ratchet.phases WHERE run_id = $1 ORDER BY seq`
 
 // Phases returns a run's journal in order.

@@ -133,7 +133,7 @@ UPDATE ratchet.runs SET
 	lease_token = lease_token + 1,
 	lease_owner = NULL,
 	lease_expires_at = NULL,
-	status = 'pending',
+	status = ` + releasedStatus + `,
 	updated_at = now()
 WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
 RETURNING ` + runColumns

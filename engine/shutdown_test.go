@@ -57,14 +57,14 @@ func TestShutdownHandsOverRunsThatOutlastTheGrace(t *testing.T) {
 	workflows := engine.NewWorkflows()
 	inPhase := make(chan struct{}, 1)
 	_, err := engine.Register(workflows, "long", func(ctx context.Context, _ struct{}) (struct{}, error) {
-		if _, err := engine.Atomic(ctx, "first", func(context.Context, pgx.Tx) (int, error) { return 1, nil }); err != nil {
+		if _, err := engine.Atomic(ctx, "first", func(context.Context, pgx.Tx) (int, error) { return 1, nil }, nil); err != nil {
 			return struct{}{}, err
 		}
 		return engine.Atomic(ctx, "second", func(ctx context.Context, _ pgx.Tx) (struct{}, error) {
 			inPhase <- struct{}{}
 			<-ctx.Done()
 			return struct{}{}, ctx.Err()
-		})
+		}, nil)
 	}, nil)
 	require.NoError(t, err)
 	c := b.client(t, workflows, nil)
@@ -105,7 +105,7 @@ func TestShutdownWaitsForExecutionsThatFinishInTime(t *testing.T) {
 			inPhase <- struct{}{}
 			<-release
 			return 7, nil
-		})
+		}, nil)
 	}, nil)
 	require.NoError(t, err)
 	c := b.client(t, workflows, nil)
@@ -170,7 +170,7 @@ func TestAStepWhoseCallReturnedIsCommittedEvenWhileHandedOver(t *testing.T) {
 		if err != nil {
 			return "", err
 		}
-		return engine.Atomic(ctx, "recorded", func(context.Context, pgx.Tx) (string, error) { return id, nil })
+		return engine.Atomic(ctx, "recorded", func(context.Context, pgx.Tx) (string, error) { return id, nil }, nil)
 	}, nil)
 	require.NoError(t, err)
 	c := b.client(t, workflows, nil)

@@ -62,7 +62,7 @@ func Await[T any](ctx context.Context, name string, opts *AwaitOpts) (T, error) 
 	var zero T
 	out, err := phase(ctx, name, KindSignal, func(ctx context.Context, ex *execution, seq int, _ steps.Key) (awaitOutput, error) {
 		return runAwait(ctx, ex, seq, name, opts)
-	})
+	}, nil)
 	if err != nil {
 		return zero, err
 	}
@@ -150,5 +150,5 @@ func runAwait(ctx context.Context, ex *execution, seq int, name string, opts *Aw
 		until = &wake
 	}
 
-	return none, parkIn(ctx, ex, tx, &Wait{Kind: KindSignal, Phase: name, Seq: seq, Until: until, Signal: name, CorrelationKey: opts.CorrelationKey})
+	return none, parkIn(ctx, ex, tx, StatusWaiting, &Wait{Kind: KindSignal, Phase: name, Seq: seq, Until: until, Signal: name, CorrelationKey: opts.CorrelationKey})
 }

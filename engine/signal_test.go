@@ -31,7 +31,7 @@ type bankEvent struct {
 func registerPayout(t *testing.T, workflows *engine.Workflows) {
 	t.Helper()
 	_, err := engine.Register(workflows, "payout", func(ctx context.Context, in transfer) (string, error) {
-		if _, err := engine.Atomic(ctx, "requested", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "requested") }); err != nil {
+		if _, err := engine.Atomic(ctx, "requested", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "requested") }, nil); err != nil {
 			return "", err
 		}
 		ev, err := engine.Await[bankEvent](ctx, "bank_webhook", &engine.AwaitOpts{CorrelationKey: in.ID, Timeout: in.Timeout})

@@ -59,7 +59,7 @@ type sleepOutput struct {
 func sleep(ctx context.Context, name string, until *time.Time, d time.Duration) error {
 	_, err := phase(ctx, name, KindSleep, func(ctx context.Context, ex *execution, seq int, _ steps.Key) (struct{}, error) {
 		return struct{}{}, runSleep(ctx, ex, seq, name, until, d)
-	})
+	}, nil)
 	return err
 }
 
@@ -67,11 +67,12 @@ func sleep(ctx context.Context, name string, until *time.Time, d time.Duration) 
 // says whether it has come, by the database's clock.
 const wakeSQL = `SELECT w, now() >= w FROM (SELECT coalesce($1::timestamptz, now() + $2::interval) AS w) wake`
 
-// parkSQL parks a run: waiting for what $3 describes, due at $4, its lease
-// released with a new token (fencing this execution, which ends).
+// parkSQL parks a run: waiting for what $3 describes, due at $4 (never,
+// when NULL), its status $5, its lease released with a new token (fencing
+// this execution, which ends).
 const parkSQL = `
 UPDATE ratchet.runs SET
-	status = 'waiting',
+	status = $5,
 	waiting_for = $3,
 	next_attempt_at = $4,
 	lease_token = lease_token + 1,
@@ -101,7 +102,7 @@ func runSleep(ctx context.Context, ex *execution, seq int, name string, until *t
 		_, err := commitWait(ctx, ex, tx, seq, name, KindSleep, sleepOutput{Until: wake})
 		return err
 	}
-	return parkIn(ctx, ex, tx, &Wait{Kind: KindSleep, Phase: name, Seq: seq, Until: &wake})
+	return parkIn(ctx, ex, tx, StatusWaiting, &Wait{Kind: KindSleep, Phase: name, Seq: seq, Until: &wake})
 }
 
 // commitWait journals a waiting phase's outcome (the sleep's end, the
@@ -124,11 +125,11 @@ func commitWait[T any](ctx context.Context, ex *execution, tx pgx.Tx, seq int, n
 	return out, nil
 }
 
-// parkIn parks the run for wait in the phase's transaction, fenced, and
-// commits: the execution is over, and the phase returns the error parkIn
-// does.
-func parkIn(ctx context.Context, ex *execution, tx pgx.Tx, wait *Wait) error {
-	parked, ok, err := queryRun(ctx, tx, parkSQL, ex.run.ID, ex.run.LeaseToken, wait, wait.Until)
+// parkIn parks the run for wait, as status, in the phase's transaction,
+// fenced, and commits: the execution is over, and the phase returns the
+// error parkIn does.
+func parkIn(ctx context.Context, ex *execution, tx pgx.Tx, status Status, wait *Wait) error {
+	parked, ok, err := queryRun(ctx, tx, parkSQL, ex.run.ID, ex.run.LeaseToken, wait, wait.Until, status)
 	if err != nil {
 		return ex.breakOff(fmt.Errorf("engine: phase %q: park: %w", wait.Phase, err))
 	}

@@ -22,13 +22,13 @@ import (
 func registerSleeper(t *testing.T, workflows *engine.Workflows) {
 	t.Helper()
 	_, err := engine.Register(workflows, "sleeper", func(ctx context.Context, d time.Duration) (int, error) {
-		if _, err := engine.Atomic(ctx, "before", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "before") }); err != nil {
+		if _, err := engine.Atomic(ctx, "before", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "before") }, nil); err != nil {
 			return 0, err
 		}
 		if err := engine.Sleep(ctx, "cool", d); err != nil {
 			return 0, err
 		}
-		return engine.Atomic(ctx, "after", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "after") })
+		return engine.Atomic(ctx, "after", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "after") }, nil)
 	}, nil)
 	require.NoError(t, err)
 }
@@ -128,7 +128,8 @@ func TestSleepUntilATimeFromTheInput(t *testing.T) {
 	// A waiting run is cancelled at once: nothing holds it.
 	cancelled, err := c.Cancel(ctx, res.Run.ID)
 	require.NoError(t, err)
-	require.Equal(t, engine.StatusCancelled, cancelled.Status)
+	require.Equal(t, engine.CancelledNow, cancelled.Outcome)
+	require.Equal(t, engine.StatusCancelled, cancelled.Run.Status)
 }
 
 // A workflow that ignores the park and calls on is stopped at its next
@@ -140,7 +141,7 @@ func TestAParkedExecutionRunsNothingMore(t *testing.T) {
 	var after error
 	_, err := engine.Register(workflows, "careless", func(ctx context.Context, _ struct{}) (int, error) {
 		_ = engine.Sleep(ctx, "nap", time.Hour) // wrongly ignored
-		_, after = engine.Atomic(ctx, "more", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "more") })
+		_, after = engine.Atomic(ctx, "more", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "more") }, nil)
 		return 1, nil
 	}, nil)
 	require.NoError(t, err)

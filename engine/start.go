@@ -336,7 +336,7 @@ const takeOverSet = `
 	lease_token = lease_token + 1,
 	lease_expires_at = now() + $3::interval,
 	attempt = attempt + 1,
-	status = 'running',
+	status = CASE WHEN status = 'compensating' THEN status ELSE 'running' END,
 	next_attempt_at = NULL,
 	updated_at = now()`
 

@@ -34,7 +34,7 @@ func registerCharge(t *testing.T, workflows *engine.Workflows, opts *engine.Work
 	wf, err := engine.Register(workflows, "charge", func(ctx context.Context, in order) (receipt, error) {
 		n, err := engine.Atomic(ctx, "charged", func(ctx context.Context, tx pgx.Tx) (int, error) {
 			return bump(ctx, tx, in.Customer)
-		})
+		}, nil)
 		if err != nil {
 			return receipt{}, err
 		}

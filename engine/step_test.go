@@ -164,7 +164,7 @@ func TestStepTimeoutIsIndeterminateAndRetriedWithSameKey(t *testing.T) {
 				ctx = fakes.WithFault(ctx, "latency=300ms")
 			}
 			return gwClient.Charge(ctx, fakes.ChargeRequest{Amount: in.Amount, Currency: "usd", Customer: in.Customer})
-		}, &engine.StepOpts{Timeout: 100 * time.Millisecond})
+		}, &engine.StepOpts[fakes.Charge]{Timeout: 100 * time.Millisecond})
 	}, nil)
 	require.NoError(t, err)
 	c := b.client(t, workflows, &engine.Config{StepPolicy: steps.Policy{InitialInterval: 400 * time.Millisecond, Jitter: -1}})

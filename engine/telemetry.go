@@ -46,6 +46,8 @@ type telemetry struct {
 	wakes         metric.Int64Counter
 	fencing       metric.Int64Counter
 	replays       metric.Int64Counter
+	compensations metric.Int64Counter
+	reconciles    metric.Int64Counter
 }
 
 func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
@@ -73,6 +75,8 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry,
 	t.wakes = counter("ratchet.runs.woken", "Claims of a parked run whose timer ended or whose signal came, by wait kind.")
 	t.fencing = counter("ratchet.lease.fencing_rejections", "Writes refused because another executor holds the run's lease.")
 	t.replays = counter("ratchet.runs.replayed", "Starts that found their key taken, by outcome (finished: a stored result replayed).")
+	t.compensations = counter("ratchet.compensations", "Compensations begun, and stuck (an undo failed permanently), by outcome.")
+	t.reconciles = counter("ratchet.steps.reconciled", "Steps whose unknown outcome was reconciled (found, not_found) or parked for an operator (parked).")
 	if err != nil {
 		return nil, err
 	}

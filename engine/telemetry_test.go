@@ -109,7 +109,7 @@ func TestSpansOfAPaymentFormATree(t *testing.T) {
 	gwClient := &fakes.GatewayClient{BaseURL: srv.URL, HTTP: steps.NewClient(&steps.TransportOpts{TracerProvider: o.tp})}
 	workflows := engine.NewWorkflows()
 	_, err := engine.Register(workflows, "payment", func(ctx context.Context, in payment) (string, error) {
-		if _, err := engine.Atomic(ctx, "payment_created", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "p") }); err != nil {
+		if _, err := engine.Atomic(ctx, "payment_created", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "p") }, nil); err != nil {
 			return "", err
 		}
 		ch, err := engine.Step(ctx, "charge_created", func(ctx context.Context, _ steps.Key) (fakes.Charge, error) {
@@ -118,7 +118,7 @@ func TestSpansOfAPaymentFormATree(t *testing.T) {
 		if err != nil {
 			return "", err
 		}
-		_, err = engine.Atomic(ctx, "ledger_posted", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "l") })
+		_, err = engine.Atomic(ctx, "ledger_posted", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "l") }, nil)
 		return ch.ID, err
 	}, nil)
 	require.NoError(t, err)

@@ -114,9 +114,11 @@ func (w *Workflow[In, Out]) responseStatus(status Status, err *RunError) *int {
 	switch {
 	case status == StatusSucceeded:
 		s = w.successStatus
-	case status == StatusFailed && err != nil && w.errorStatuses[err.Code] != 0:
+	case status == StatusCompensated && (err == nil || err.Code == CodeCancelled):
+		return nil // as a cancelled run's
+	case (status == StatusFailed || status == StatusCompensated) && err != nil && w.errorStatuses[err.Code] != 0:
 		s = w.errorStatuses[err.Code]
-	case status == StatusFailed:
+	case status == StatusFailed || status == StatusCompensated:
 		s = DefaultFailureStatus
 	default:
 		return nil

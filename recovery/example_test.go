@@ -27,7 +27,7 @@ func ExampleRecoverer() {
 	workflows := engine.NewWorkflows()
 	wf, err := engine.Register(workflows, "two", func(ctx context.Context, _ struct{}) (int, error) {
 		for _, name := range []string{"one", "two"} {
-			if _, err := engine.Atomic(ctx, name, func(context.Context, pgx.Tx) (int, error) { return 0, nil }); err != nil {
+			if _, err := engine.Atomic(ctx, name, func(context.Context, pgx.Tx) (int, error) { return 0, nil }, nil); err != nil {
 				return 0, err
 			}
 		}

@@ -82,7 +82,7 @@ func TestRecovererFinishesRunsThatNobodyExecutes(t *testing.T) {
 	pool := testdb.New(t, nil)
 	workflows := engine.NewWorkflows()
 	_, err := engine.Register(workflows, "noop", func(ctx context.Context, _ struct{}) (int, error) {
-		return engine.Atomic(ctx, "one", func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+		return engine.Atomic(ctx, "one", func(context.Context, pgx.Tx) (int, error) { return 1, nil }, nil)
 	}, nil)
 	require.NoError(t, err)
 	done := finishes(make(chan string, 10))

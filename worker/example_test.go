@@ -48,7 +48,7 @@ func Example() {
 		return engine.Atomic(ctx, "shipped", func(ctx context.Context, tx pgx.Tx) (string, error) {
 			_, err := w.River().InsertTx(ctx, tx, shippedArgs{Order: order}, &river.InsertOpts{Queue: "mail"})
 			return "shipped " + order, err
-		})
+		}, nil)
 	}, nil)
 	if err != nil {
 		log.Fatal(err)

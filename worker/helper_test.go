@@ -107,7 +107,7 @@ func addOrderFlow(workflows *engine.Workflows, gatewayURL string, p *pauser) err
 				return struct{}{}, err
 			}
 			return struct{}{}, p.at(ctx, "reserved.before-commit", in.Key)
-		}); err != nil {
+		}, nil); err != nil {
 			return none, err
 		}
 		if err := p.at(ctx, "reserved.after-commit", in.Key); err != nil {
@@ -139,7 +139,7 @@ func addOrderFlow(workflows *engine.Workflows, gatewayURL string, p *pauser) err
 				return struct{}{}, err
 			}
 			return struct{}{}, p.at(ctx, "posted.before-commit", in.Key)
-		}); err != nil {
+		}, nil); err != nil {
 			return none, err
 		}
 		return ch, p.at(ctx, "posted.after-commit", in.Key)
@@ -157,7 +157,7 @@ func addApprovalFlow(workflows *engine.Workflows) error {
 	_, err := engine.Register(workflows, "approval", func(ctx context.Context, in order) (string, error) {
 		if _, err := engine.Atomic(ctx, "reserved", func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
 			return struct{}{}, effect(ctx, tx, in.Key, "reserved")
-		}); err != nil {
+		}, nil); err != nil {
 			return "", err
 		}
 		by, err := engine.Await[struct{ By string }](ctx, "approved", &engine.AwaitOpts{CorrelationKey: in.Key})
@@ -166,7 +166,7 @@ func addApprovalFlow(workflows *engine.Workflows) error {
 		}
 		_, err = engine.Atomic(ctx, "posted", func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
 			return struct{}{}, effect(ctx, tx, in.Key, "posted")
-		})
+		}, nil)
 		return by.By, err
 	}, nil)
 	return err

@@ -45,11 +45,11 @@ func TestTheWorkersRiverClientIsTheOutbox(t *testing.T) {
 			if _, err := w.River().InsertTx(ctx, tx, noticeArgs{RunID: info.RunID}, &river.InsertOpts{Queue: "app"}); err != nil {
 				return 0, err
 			}
-			if !failed.Swap(true) { // the phase rolls back, and its job with it
+			if !failed.Swap(true) {
 				return 0, context.DeadlineExceeded
 			}
 			return 1, nil
-		})
+		}, nil)
 	}, &engine.WorkflowOpts{Retry: &engine.RetryPolicy{InitialInterval: time.Millisecond}})
 	require.NoError(t, err)
 	workers := river.NewWorkers()

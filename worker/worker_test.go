@@ -44,7 +44,7 @@ func TestRetryableFailureIsRetriedAtNextAttempt(t *testing.T) {
 		if executions == 1 {
 			return "", errors.New("downstream unavailable")
 		}
-		return engine.Atomic(ctx, "done", func(context.Context, pgx.Tx) (string, error) { return "ok", nil })
+		return engine.Atomic(ctx, "done", func(context.Context, pgx.Tx) (string, error) { return "ok", nil }, nil)
 	}, nil)
 	require.NoError(t, err)
 	const backoff = 700 * time.Millisecond
@@ -69,7 +69,7 @@ func TestRunsOfAClientWithoutAWorkerAreFoundAndFinished(t *testing.T) {
 	b := setup(t)
 	workflows := engine.NewWorkflows()
 	_, err := engine.Register(workflows, "noop", func(ctx context.Context, _ struct{}) (int, error) {
-		return engine.Atomic(ctx, "one", func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+		return engine.Atomic(ctx, "one", func(context.Context, pgx.Tx) (int, error) { return 1, nil }, nil)
 	}, nil)
 	require.NoError(t, err)
 
@@ -92,7 +92,7 @@ func TestNoRiverJobIsInsertedForARun(t *testing.T) {
 	b := setup(t)
 	workflows := engine.NewWorkflows()
 	_, err := engine.Register(workflows, "noop", func(ctx context.Context, _ struct{}) (int, error) {
-		return engine.Atomic(ctx, "one", func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+		return engine.Atomic(ctx, "one", func(context.Context, pgx.Tx) (int, error) { return 1, nil }, nil)
 	}, nil)
 	require.NoError(t, err)
 	w := startWorker(t, b, workflows, nil)

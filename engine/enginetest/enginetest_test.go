@@ -45,7 +45,7 @@ func TestCrashAfterThenRecover(t *testing.T) {
 			if _, err := engine.Atomic(ctx, phase, func(ctx context.Context, tx pgx.Tx) (int, error) {
 				_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1)`, phase)
 				return 0, err
-			}); err != nil {
+			}, nil); err != nil {
 				return 0, err
 			}
 		}
@@ -103,7 +103,7 @@ func TestAssertionsFailOnAMismatch(t *testing.T) {
 	db := enginetest.New(t, nil)
 	workflows := engine.NewWorkflows()
 	_, err := engine.Register(workflows, "one", func(ctx context.Context, _ struct{}) (int, error) {
-		return engine.Atomic(ctx, "only", func(context.Context, pgx.Tx) (int, error) { return 1, nil })
+		return engine.Atomic(ctx, "only", func(context.Context, pgx.Tx) (int, error) { return 1, nil }, nil)
 	}, nil)
 	require.NoError(t, err)
 	c, err := engine.NewClient(db.Pool, &engine.Config{Workflows: workflows})

@@ -24,7 +24,7 @@ func ExampleNewDatabase() {
 	workflows := engine.NewWorkflows()
 	wf, err := engine.Register(workflows, "two", func(ctx context.Context, _ struct{}) (int, error) {
 		for _, name := range []string{"reserved", "captured"} {
-			if _, err := engine.Atomic(ctx, name, func(context.Context, pgx.Tx) (int, error) { return 0, nil }); err != nil {
+			if _, err := engine.Atomic(ctx, name, func(context.Context, pgx.Tx) (int, error) { return 0, nil }, nil); err != nil {
 				return 0, err
 			}
 		}

@@ -131,7 +131,7 @@ func (p *Payments) pay(ctx context.Context, in Input) (Output, error) {
 			INSERT INTO payments.payments (id, amount, currency, customer, email, status)
 			VALUES ($1, $2, $3, $4, $5, 'pending')`, id, in.Amount, in.Currency, in.Customer, in.Email)
 		return id, err
-	})
+	}, nil)
 	if err != nil {
 		return Output{}, err
 	}
@@ -146,7 +146,7 @@ func (p *Payments) pay(ctx context.Context, in Input) (Output, error) {
 			if _, ferr := engine.Atomic(ctx, "payment_declined", func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
 				_, err := tx.Exec(ctx, `UPDATE payments.payments SET status = 'declined', updated_at = now() WHERE id = $1`, paymentID)
 				return struct{}{}, err
-			}); ferr != nil {
+			}, nil); ferr != nil {
 				return Output{}, ferr
 			}
 		}
@@ -154,8 +154,7 @@ func (p *Payments) pay(ctx context.Context, in Input) (Output, error) {
 	}
 
 	_, err = engine.Atomic(ctx, "ledger_posted", func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
-		// Double entry: the customer's account is debited what revenue is
-		// credited; every payment's entries sum to zero.
+
 		if _, err := tx.Exec(ctx, `
 			INSERT INTO payments.ledger_entries (payment_id, account, amount, currency)
 			VALUES ($1, 'customer:' || $2, -$3::bigint, $4), ($1, 'revenue', $3::bigint, $4)`,
@@ -167,12 +166,12 @@ func (p *Payments) pay(ctx context.Context, in Input) (Output, error) {
 			paymentID, charge.ID); err != nil {
 			return struct{}{}, err
 		}
-		// The outbox: the receipt is staged iff this phase commits.
+
 		_, err := p.outbox.InsertTx(ctx, tx, ReceiptArgs{
 			PaymentID: paymentID, Email: in.Email, ChargeID: charge.ID, Amount: in.Amount, Currency: in.Currency,
 		}, &river.InsertOpts{Queue: QueueReceipts})
 		return struct{}{}, err
-	})
+	}, nil)
 	if err != nil {
 		return Output{}, err
 	}

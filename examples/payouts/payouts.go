@@ -119,7 +119,7 @@ func (p *Payouts) payout(ctx context.Context, in Input) (Output, error) {
 		_, err := tx.Exec(ctx, `INSERT INTO payouts.payouts (run_id, transfer_id, amount, account, status) VALUES ($1, $2, $3, $4, $5)`,
 			info.RunID, transferID, in.Amount, in.Account, s.Status)
 		return struct{}{}, err
-	})
+	}, nil)
 	if err != nil {
 		return Output{}, err
 	}

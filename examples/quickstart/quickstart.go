@@ -107,7 +107,7 @@ func transfer(ctx context.Context, in TransferInput) (TransferOutput, error) {
 			INSERT INTO quickstart.transfers (from_name, to_name, amount, status)
 			VALUES ($1, $2, $3, 'debited') RETURNING id`, in.From, in.To, in.Amount).Scan(&d.TransferID)
 		return d, err
-	})
+	}, nil)
 	if err != nil {
 		return TransferOutput{}, err
 	}
@@ -120,7 +120,7 @@ func transfer(ctx context.Context, in TransferInput) (TransferOutput, error) {
 		}
 		_, err := tx.Exec(ctx, `UPDATE quickstart.transfers SET status = 'credited' WHERE id = $1`, d.TransferID)
 		return balance, err
-	})
+	}, nil)
 	if err != nil {
 		return TransferOutput{}, err
 	}

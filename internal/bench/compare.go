@@ -316,7 +316,7 @@ func registerNoop(workflows *engine.Workflows, n int) error {
 	noop := func(context.Context, pgx.Tx) (struct{}, error) { return struct{}{}, nil }
 	_, err := engine.Register(workflows, noopName(n), func(ctx context.Context, _ struct{}) (struct{}, error) {
 		for _, name := range names {
-			if _, err := engine.Atomic(ctx, name, noop); err != nil {
+			if _, err := engine.Atomic(ctx, name, noop, nil); err != nil {
 				return struct{}{}, err
 			}
 		}

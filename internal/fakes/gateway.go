@@ -24,6 +24,11 @@ type Faults struct {
 	FailBefore int           `json:"fail_before"`
 	DropAfter  int           `json:"drop_after"`
 	Latency    time.Duration `json:"latency"`
+	// RefuseRefunds answers every refund 400 charge_disputed (a
+	// permanent refusal) without refunding.
+	RefuseRefunds bool `json:"refuse_refunds"`
+	// RefundsDown answers every refund 503 (a passing outage).
+	RefundsDown bool `json:"refunds_down"`
 }
 
 // GatewayOpts configure NewGateway. A nil *GatewayOpts is valid.
@@ -33,6 +38,28 @@ type GatewayOpts struct {
 	// response stored, before the response is written: the moment a crash
 	// test kills the caller.
 	AfterCharge func(key string)
+	// AfterRefund is AfterCharge for refunds.
+	AfterRefund func(key string)
+	// KeyWindow is how long the gateway remembers an idempotency key,
+	// from its first use; a request with a key older than that is a new
+	// request (a second charge), as with any real gateway's finite
+	// retention. Charges keep their key, so GET /v1/charges?idempotency_key=
+	// still finds them. Zero remembers keys for ever.
+	KeyWindow time.Duration
+}
+
+// RefundRequest is the body of POST /v1/refunds.
+type RefundRequest struct {
+	Charge string `json:"charge"`
+}
+
+// Refund is a refund the gateway performed.
+type Refund struct {
+	ID             string `json:"id"`
+	Charge         string `json:"charge"`
+	Amount         int64  `json:"amount"`
+	Status         string `json:"status"`
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 // ChargeRequest is the body of POST /v1/charges.
@@ -66,23 +93,34 @@ type Stats struct {
 	RequestsByKey  map[string]int `json:"requests_by_key"`
 	DeclinesByKey  map[string]int `json:"declines_by_key"`
 	RequestsNoKeys int            `json:"requests_without_key"`
+	// Refunds counts refunds performed; RefundsByCharge and RefundsByKey
+	// count them per charge and per idempotency key.
+	Refunds         int            `json:"refunds"`
+	RefundsByCharge map[string]int `json:"refunds_by_charge"`
+	RefundsByKey    map[string]int `json:"refunds_by_key"`
+	// ReconcileQueries counts GET /v1/charges?idempotency_key= requests.
+	ReconcileQueries int `json:"reconcile_queries"`
 }
 
 // Gateway is a fake payment gateway. It is safe for concurrent use.
 type Gateway struct {
 	mux         *http.ServeMux
 	afterCharge func(string)
+	afterRefund func(string)
+	keyWindow   time.Duration
 
 	mu       sync.Mutex
 	faults   Faults
 	byKey    map[string]*stored
 	charges  []Charge
+	refunds  map[string]Refund // by idempotency key
 	requests []Request
 	stats    Stats
 }
 
 // stored is the idempotency record of one key.
 type stored struct {
+	at       time.Time // first use, for KeyWindow
 	params   ChargeRequest
 	inFlight bool
 	status   int
@@ -96,11 +134,13 @@ func NewGateway(opts *GatewayOpts) *Gateway {
 		opts = &GatewayOpts{}
 	}
 	g := &Gateway{
-		mux: http.NewServeMux(), afterCharge: opts.AfterCharge, faults: opts.Faults,
-		byKey: map[string]*stored{},
-		stats: Stats{ChargesByKey: map[string]int{}, RequestsByKey: map[string]int{}, DeclinesByKey: map[string]int{}},
+		mux: http.NewServeMux(), afterCharge: opts.AfterCharge, afterRefund: opts.AfterRefund, keyWindow: opts.KeyWindow, faults: opts.Faults,
+		byKey: map[string]*stored{}, refunds: map[string]Refund{},
+		stats: Stats{ChargesByKey: map[string]int{}, RequestsByKey: map[string]int{}, DeclinesByKey: map[string]int{},
+			RefundsByCharge: map[string]int{}, RefundsByKey: map[string]int{}},
 	}
 	g.mux.HandleFunc("POST /v1/charges", g.createCharge)
+	g.mux.HandleFunc("POST /v1/refunds", g.createRefund)
 	g.mux.HandleFunc("GET /v1/charges", g.findCharge)
 	g.mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, g.Stats()) })
 	g.mux.HandleFunc("PUT /faults", g.putFaults)
@@ -122,6 +162,7 @@ func (g *Gateway) Stats() Stats {
 	defer g.mu.Unlock()
 	s := g.stats
 	s.ChargesByKey, s.RequestsByKey, s.DeclinesByKey = clone(s.ChargesByKey), clone(s.RequestsByKey), clone(s.DeclinesByKey)
+	s.RefundsByCharge, s.RefundsByKey = clone(s.RefundsByCharge), clone(s.RefundsByKey)
 	return s
 }
 
@@ -203,9 +244,12 @@ func (g *Gateway) begin(key string, params ChargeRequest) (status int, body []by
 		return 0, nil, false, &stored{params: params}
 	}
 	prev, ok := g.byKey[key]
+	if ok && g.keyWindow > 0 && !prev.inFlight && time.Since(prev.at) >= g.keyWindow {
+		ok = false // forgotten: the request is a new one
+	}
 	switch {
 	case !ok:
-		rec = &stored{params: params, inFlight: true}
+		rec = &stored{at: time.Now(), params: params, inFlight: true}
 		g.byKey[key] = rec
 		return 0, nil, false, rec
 	case prev.params != params:
@@ -253,10 +297,13 @@ func (g *Gateway) findCharge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.mu.Lock()
-	rec, ok := g.byKey[key]
+	g.stats.ReconcileQueries++
 	var ch *Charge
-	if ok {
-		ch = rec.charge
+	for i := range g.charges { // the charge keeps its key after the key is forgotten
+		if g.charges[i].IdempotencyKey == key {
+			ch = &g.charges[i]
+			break
+		}
 	}
 	g.mu.Unlock()
 	if ch == nil {
@@ -266,11 +313,63 @@ func (g *Gateway) findCharge(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, ch)
 }
 
+// createRefund refunds a charge in full, deduplicated on Idempotency-Key
+// (required: a refund is money).
+func (g *Gateway) createRefund(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	var params RefundRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&params); err != nil || params.Charge == "" || key == "" {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "charge and an Idempotency-Key are required")
+		return
+	}
+	g.mu.Lock()
+	faults := g.faults
+	if faults.RefundsDown {
+		g.mu.Unlock()
+		writeError(w, http.StatusServiceUnavailable, "api_error", "", "refunds are unavailable")
+		return
+	}
+	if faults.RefuseRefunds {
+		g.mu.Unlock()
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "charge_disputed", "The charge is disputed and cannot be refunded.")
+		return
+	}
+	if rf, ok := g.refunds[key]; ok {
+		g.mu.Unlock()
+		w.Header().Set("Idempotent-Replayed", "true")
+		writeJSON(w, http.StatusOK, rf)
+		return
+	}
+	var charge *Charge
+	for i := range g.charges {
+		if g.charges[i].ID == params.Charge {
+			charge = &g.charges[i]
+		}
+	}
+	if charge == nil {
+		g.mu.Unlock()
+		writeError(w, http.StatusNotFound, "invalid_request_error", "resource_missing", "no such charge")
+		return
+	}
+	rf := Refund{ID: fmt.Sprintf("re_%06d", g.stats.Refunds+1), Charge: charge.ID, Amount: charge.Amount, Status: "succeeded", IdempotencyKey: key}
+	g.refunds[key] = rf
+	g.stats.Refunds++
+	g.stats.RefundsByCharge[charge.ID]++
+	g.stats.RefundsByKey[key]++
+	g.mu.Unlock()
+	if g.afterRefund != nil {
+		g.afterRefund(key)
+	}
+	writeJSON(w, http.StatusOK, rf)
+}
+
 func (g *Gateway) putFaults(w http.ResponseWriter, r *http.Request) {
 	var f struct {
-		FailBefore int    `json:"fail_before"`
-		DropAfter  int    `json:"drop_after"`
-		Latency    string `json:"latency"`
+		FailBefore    int    `json:"fail_before"`
+		DropAfter     int    `json:"drop_after"`
+		Latency       string `json:"latency"`
+		RefuseRefunds bool   `json:"refuse_refunds"`
+		RefundsDown   bool   `json:"refunds_down"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&f); err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "want {fail_before, drop_after, latency}: "+err.Error())
@@ -284,7 +383,7 @@ func (g *Gateway) putFaults(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	g.SetFaults(Faults{FailBefore: f.FailBefore, DropAfter: f.DropAfter, Latency: latency})
+	g.SetFaults(Faults{FailBefore: f.FailBefore, DropAfter: f.DropAfter, Latency: latency, RefuseRefunds: f.RefuseRefunds, RefundsDown: f.RefundsDown})
 	w.WriteHeader(http.StatusNoContent)
 }
 
