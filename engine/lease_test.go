@@ -41,7 +41,7 @@ func TestASupersededExecutionIsReportedOnce(t *testing.T) {
 	workflows := engine.NewWorkflows()
 	_, err := engine.Register(workflows, "taken", func(ctx context.Context, _ struct{}) (int, error) {
 		return engine.Atomic(ctx, "only", func(ctx context.Context, _ pgx.Tx) (int, error) {
-
+			// Another executor takes the run over meanwhile.
 			_, err := b.pool.Exec(ctx, `UPDATE ratchet.runs SET lease_token = lease_token + 1`)
 			return 1, err
 		}, nil)

@@ -5,6 +5,15 @@
 // the email through a transactional outbox (a River job inserted in the
 // phase's transaction), because the mail service knows no idempotency keys.
 //
+// The payment is a saga. The charge registers its refund, and posting the
+// ledger is the pivot: a ledger that refuses the payment (the customer's
+// account was closed meanwhile) or a cancellation before it refunds the
+// charge, under the refund's own child key; once the ledger is posted,
+// the payment is kept and only goes forward. A charge whose answer was
+// lost is reconciled — the gateway is asked by key — rather than sent
+// again, and a resume past the gateway's 24-hour key window never charges
+// blindly.
+//
 // A retry, a crash anywhere, or a client storm never charges twice, never
 // posts the ledger twice and never stages two receipts. The one duplicate
 // left is the delivery worker dying between sending an email and recording
@@ -20,6 +29,7 @@ import (
 	"net/mail"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -34,6 +44,16 @@ import (
 
 // WorkflowName is the name the payment workflow is registered under.
 const WorkflowName = "payment"
+
+// CodeAccountClosed is the error code of a payment the ledger refuses: the
+// customer's account was closed (payments.closed_accounts) after the
+// payment began. The charge is refunded.
+const CodeAccountClosed = "account_closed"
+
+// GatewayKeyWindow is how long the gateway keeps idempotency keys (Stripe
+// keeps them at least 24 hours): a charge retried later could be a second
+// charge, so the engine reconciles instead.
+const GatewayKeyWindow = 24 * time.Hour
 
 // QueueReceipts is the River queue of receipt deliveries.
 const QueueReceipts = "receipts"
@@ -90,12 +110,13 @@ func New(cfg Config) (*Payments, error) {
 }
 
 // Register adds the payment workflow: kept forever (it moves money), 201 on
-// success, 402 for a declined card, 400 for an invalid payment.
+// success, 402 for a declined card, 400 for an invalid payment, 409 for a
+// payment refused by the ledger (and refunded).
 func (p *Payments) Register(workflows *engine.Workflows) (*engine.Workflow[Input, Output], error) {
 	return engine.Register(workflows, WorkflowName, p.pay, &engine.WorkflowOpts{
 		Retention:     engine.RetentionForever,
 		SuccessStatus: http.StatusCreated,
-		ErrorStatuses: map[string]int{"card_declined": http.StatusPaymentRequired, "invalid_payment": http.StatusBadRequest},
+		ErrorStatuses: map[string]int{"card_declined": http.StatusPaymentRequired, "invalid_payment": http.StatusBadRequest, CodeAccountClosed: http.StatusConflict},
 	})
 }
 
@@ -138,7 +159,11 @@ func (p *Payments) pay(ctx context.Context, in Input) (Output, error) {
 
 	charge, err := engine.Step(ctx, "charge_created", func(ctx context.Context, _ steps.Key) (charge, error) {
 		return p.charge(ctx, in)
-	}, nil)
+	}, &engine.StepOpts[charge]{
+		Compensate: func(ctx context.Context, _ steps.Key, ch charge) error { return p.refund(ctx, ch.ID) },
+		Reconcile:  p.findCharge,
+		KeyWindow:  GatewayKeyWindow,
+	})
 	if err != nil {
 		var perm *steps.PermanentError
 		if errors.As(err, &perm) {
@@ -154,7 +179,15 @@ func (p *Payments) pay(ctx context.Context, in Input) (Output, error) {
 	}
 
 	_, err = engine.Atomic(ctx, "ledger_posted", func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
-
+		var closed bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM payments.closed_accounts WHERE customer = $1)`, in.Customer).Scan(&closed); err != nil {
+			return struct{}{}, err
+		}
+		if closed {
+			return struct{}{}, steps.Permanent(CodeAccountClosed, fmt.Errorf("the ledger account of %s is closed", in.Customer))
+		}
+		// Double entry: the customer's account is debited what revenue is
+		// credited; every payment's entries sum to zero.
 		if _, err := tx.Exec(ctx, `
 			INSERT INTO payments.ledger_entries (payment_id, account, amount, currency)
 			VALUES ($1, 'customer:' || $2, -$3::bigint, $4), ($1, 'revenue', $3::bigint, $4)`,
@@ -166,12 +199,23 @@ func (p *Payments) pay(ctx context.Context, in Input) (Output, error) {
 			paymentID, charge.ID); err != nil {
 			return struct{}{}, err
 		}
-
+		// The outbox: the receipt is staged iff this phase commits.
 		_, err := p.outbox.InsertTx(ctx, tx, ReceiptArgs{
 			PaymentID: paymentID, Email: in.Email, ChargeID: charge.ID, Amount: in.Amount, Currency: in.Currency,
 		}, &river.InsertOpts{Queue: QueueReceipts})
 		return struct{}{}, err
-	}, nil)
+	}, &engine.AtomicOpts[struct{}]{Pivot: true})
+	var perm *steps.PermanentError
+	if errors.As(err, &perm) {
+		// Record the refusal, then fail the run with it: the engine
+		// refunds the charge (its undo) before the run finishes.
+		if _, ferr := engine.Atomic(ctx, "payment_refused", func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+			_, err := tx.Exec(ctx, `UPDATE payments.payments SET status = 'refused', charge_id = $2, updated_at = now() WHERE id = $1`, paymentID, charge.ID)
+			return struct{}{}, err
+		}, nil); ferr != nil {
+			return Output{}, ferr
+		}
+	}
 	if err != nil {
 		return Output{}, err
 	}
@@ -192,7 +236,7 @@ func Setup(ctx context.Context, pool *pgxpool.Pool) error {
 			currency   text        NOT NULL,
 			customer   text        NOT NULL,
 			email      text        NOT NULL,
-			status     text        NOT NULL CHECK (status IN ('pending', 'succeeded', 'declined')),
+			status     text        NOT NULL,
 			charge_id  text,
 			created_at timestamptz NOT NULL DEFAULT now(),
 			updated_at timestamptz NOT NULL DEFAULT now()
@@ -204,6 +248,14 @@ func Setup(ctx context.Context, pool *pgxpool.Pool) error {
 			amount     bigint      NOT NULL,
 			currency   text        NOT NULL,
 			created_at timestamptz NOT NULL DEFAULT now()
+		);
+		ALTER TABLE payments.payments DROP CONSTRAINT IF EXISTS payments_status_check;
+		ALTER TABLE payments.payments ADD CONSTRAINT payments_status_check
+			CHECK (status IN ('pending', 'succeeded', 'declined', 'refused'));
+		-- Customers whose ledger account is closed: the ledger refuses their
+		-- payments, and the charge is refunded.
+		CREATE TABLE IF NOT EXISTS payments.closed_accounts (
+			customer text PRIMARY KEY
 		);
 		CREATE TABLE IF NOT EXISTS payments.receipts (
 			payment_id   text        PRIMARY KEY REFERENCES payments.payments,

@@ -21,6 +21,7 @@ import (
 	"github.com/ratchet-run/ratchet/internal/fakes"
 	"github.com/ratchet-run/ratchet/internal/testdb"
 	"github.com/ratchet-run/ratchet/internal/testproc"
+	"github.com/ratchet-run/ratchet/steps"
 	"github.com/ratchet-run/ratchet/worker"
 )
 
@@ -254,4 +255,50 @@ func TestSetupFromManyProcessesAtOnce(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
+}
+
+// A ledger that refuses the payment after the card was charged (the
+// customer's account was closed meanwhile): the charge is refunded once,
+// under the refund's own child key, and the run ends compensated with the
+// refusal as its cause.
+func TestALedgerRefusalAfterTheChargeRefundsItOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	c := b.inlineClient(t)
+	_, err := b.pool.Exec(context.Background(), `INSERT INTO payments.closed_accounts (customer) VALUES ('cus_closed')`)
+	require.NoError(t, err)
+	closed := card
+	closed.Customer = "cus_closed"
+	run := pay(t, c, "order-1", closed)
+	require.Equal(t, engine.StatusCompensated, run.Status)
+	require.Equal(t, payments.CodeAccountClosed, run.Error.Code)
+	require.Equal(t, 409, *run.ResponseStatus)
+	require.JSONEq(t, `{"compensated": ["charge_created"]}`, string(run.Output))
+
+	stats := b.gateway.Stats()
+	require.Equal(t, 1, stats.Charges)
+	require.Equal(t, map[string]int{"ch_000001": 1}, stats.RefundsByCharge, "refunded once")
+	require.Equal(t, 1, stats.RefundsByKey[string(steps.ChildKey("default", run.ID, "undo:charge_created"))])
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM payments.ledger_entries`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments.payments WHERE status = 'refused' AND charge_id = 'ch_000001'`))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM ratchet.river_job WHERE kind = 'payments.receipt'`), "no receipt")
+
+	again := pay(t, c, "order-1", closed)
+	require.Equal(t, run.Output, again.Output, "replayed")
+	require.Equal(t, 1, b.gateway.Stats().Refunds)
+}
+
+// The gateway charged, and its answer was lost: the step asks the gateway
+// for the charge made with its key rather than charging again.
+func TestALostChargeAnswerIsReconciled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.gateway.SetFaults(fakes.Faults{DropAfter: 1})
+	run := pay(t, b.inlineClient(t), "order-1", card)
+	require.Equal(t, engine.StatusSucceeded, run.Status, "%+v", run.Error)
+	key := string(steps.ChildKey("default", run.ID, "charge_created"))
+	stats := b.gateway.Stats()
+	require.Equal(t, 1, stats.RequestsByKey[key], "sent once")
+	require.Equal(t, 1, stats.ReconcileQueries)
+	require.Equal(t, 1, stats.Charges)
 }

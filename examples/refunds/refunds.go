@@ -138,7 +138,7 @@ func (r *Refunds) refund(ctx context.Context, in Input) (Output, error) {
 	}
 
 	remaining, err := engine.Atomic(ctx, "refund_recorded", func(ctx context.Context, tx pgx.Tx) (int64, error) {
-
+		// The reversal of the payment's entries, for the refunded amount.
 		if _, err := tx.Exec(ctx, `
 			INSERT INTO refunds.ledger_entries (payment_id, refund_id, account, amount, currency)
 			VALUES ($1, $2, 'customer:' || $3, $4::bigint, $5), ($1, $2, 'revenue', -$4::bigint, $5)`,
@@ -155,7 +155,7 @@ func (r *Refunds) refund(ctx context.Context, in Input) (Output, error) {
 			refundID, in.PaymentID, in.Amount, in.Reason); err != nil {
 			return 0, err
 		}
-
+		// The outbox: the notice is staged iff this phase commits.
 		_, err := r.outbox.InsertTx(ctx, tx, NoticeArgs{RefundID: refundID, Customer: p.Customer, Amount: in.Amount, Currency: p.Currency},
 			&river.InsertOpts{Queue: QueueNotices})
 		return remaining, err
