@@ -32,6 +32,8 @@ type testBundle struct {
 	release chan struct{}
 	// executions counts executions of "echo".
 	executions atomic.Int64
+	// gateway is the fake gateway of "charge" and "saga".
+	gateway *fakes.Gateway
 }
 
 type echoIn struct {
@@ -89,7 +91,8 @@ func setup(t testing.TB, cfg *api.Config) *testBundle {
 	}, nil)
 	require.NoError(t, err)
 
-	gw := httptest.NewServer(fakes.NewGateway(nil))
+	b.gateway = fakes.NewGateway(nil)
+	gw := httptest.NewServer(b.gateway)
 	t.Cleanup(gw.Close)
 	gwClient := &fakes.GatewayClient{BaseURL: gw.URL, HTTP: steps.NewClient(nil)}
 	_, err = engine.Register(workflows, "charge", func(ctx context.Context, in payIn) (fakes.Charge, error) {
@@ -97,6 +100,42 @@ func setup(t testing.TB, cfg *api.Config) *testBundle {
 			return gwClient.Charge(ctx, fakes.ChargeRequest{Amount: int64(in.Amount), Currency: "usd", Customer: in.Customer})
 		}, nil)
 	}, nil)
+	require.NoError(t, err)
+
+	// saga charges, refunding on a failure before the ledger (its pivot):
+	// customer cus_closed has the ledger refuse; amount 9 awaits approval
+	// before the ledger, amount 7 awaits shipping after it.
+	_, err = engine.Register(workflows, "saga", func(ctx context.Context, in payIn) (string, error) {
+		ch, err := engine.Step(ctx, "charged", func(ctx context.Context, _ steps.Key) (fakes.Charge, error) {
+			return gwClient.Charge(ctx, fakes.ChargeRequest{Amount: int64(in.Amount), Currency: "usd", Customer: in.Customer})
+		}, &engine.StepOpts[fakes.Charge]{Policy: &steps.Policy{MaxAttempts: 2, InitialInterval: time.Millisecond},
+			Compensate: func(ctx context.Context, key steps.Key, ch fakes.Charge) error {
+				_, err := gwClient.Refund(ctx, key, ch.ID)
+				return err
+			}})
+		if err != nil {
+			return "", err
+		}
+		if in.Amount == 9 {
+			if _, err := engine.Await[string](ctx, "approved", nil); err != nil {
+				return "", err
+			}
+		}
+		if _, err := engine.Atomic(ctx, "ledger_posted", func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+			if in.Customer == "cus_closed" {
+				return struct{}{}, steps.Permanent("account_closed", errors.New("the ledger account is closed"))
+			}
+			return struct{}{}, nil
+		}, &engine.AtomicOpts[struct{}]{Pivot: true}); err != nil {
+			return "", err
+		}
+		if in.Amount == 7 {
+			if _, err := engine.Await[string](ctx, "shipped", nil); err != nil {
+				return "", err
+			}
+		}
+		return ch.ID, nil
+	}, &engine.WorkflowOpts{ErrorStatuses: map[string]int{"account_closed": http.StatusConflict}})
 	require.NoError(t, err)
 
 	b.engine, err = engine.NewClient(b.pool, &engine.Config{Workflows: workflows, StaleAfter: 2 * time.Second})
