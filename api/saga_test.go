@@ -70,9 +70,9 @@ func TestACompensatedRunIsAnsweredWithItsCauseAndReplayedByteForByte(t *testing.
 	for _, ph := range run.Phases {
 		names = append(names, ph.Name)
 	}
-	require.Equal(t, []string{"charged", "undo", "undo:charged"}, names)
+	require.Equal(t, []string{"charged", "ledger_posted", "undo", "undo:charged"}, names)
 	require.True(t, run.Phases[0].Compensable)
-	require.NotEqual(t, *run.Phases[0].ChildKey, *run.Phases[2].ChildKey, "the refund has a key of its own")
+	require.NotEqual(t, *run.Phases[0].ChildKey, *run.Phases[3].ChildKey, "the refund has a key of its own")
 	require.Equal(t, 1, b.gateway.Stats().Refunds)
 }
 

@@ -117,6 +117,12 @@ func runAtomic[T any](ctx context.Context, ex *execution, seq int, name string, 
 
 	out, err := fn(ctx, tx)
 	if err != nil {
+		if ctx.Err() == nil && steps.Classify(err) == steps.ClassPermanent {
+			// Journaled, as a step's is, so that a workflow that branches
+			// on the failure takes the same branch on every replay.
+			tx.Rollback(ctx) //nolint:errcheck // the phase's writes are undone either way
+			return zero, ex.commitFailure(ctx, phaseRecord{seq: seq, name: name, kind: KindAtomic, attempts: 1}, err)
+		}
 		return zero, err
 	}
 	raw, out, err := journaled(name, out)
@@ -223,6 +229,25 @@ func (ex *execution) commitPhase(ctx context.Context, db dbtx, p phaseRecord) (c
 	ex.cancelled, ex.stopped = true, true
 	ex.mu.Unlock()
 	return false, ErrCancelled
+}
+
+// commitFailure journals a phase's permanent failure, fenced, and returns
+// the failure (or why it could not be journaled). A replay returns it
+// again (see replay).
+func (ex *execution) commitFailure(ctx context.Context, rec phaseRecord, failure error) error {
+	rec.err = classify(failure)
+	var perm *steps.PermanentError
+	if errors.As(failure, &perm) && perm.Err != nil {
+		rec.err.Message = perm.Err.Error() // replay re-wraps it with the code
+	}
+	commitCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepCommitTimeout)
+	defer cancel()
+	cancelled, err := ex.commitPhase(commitCtx, ex.c.pool, rec)
+	if err != nil {
+		return err
+	}
+	ex.committed(rec.name, cancelled)
+	return failure
 }
 
 // cancelledMeanwhileSQL says whether the run is still this execution's and

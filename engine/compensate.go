@@ -177,12 +177,17 @@ func (c *Client) compensate(ctx context.Context, ex *execution, cause *RunError)
 			return err
 		}
 		seq := ex.takeSeq()
+		_, end := c.hooks.Phase(ctx, ex.phaseInfo(undoPhase, KindCompensation, seq, false, ""))
 		tag, err := c.pool.Exec(ctx, beginCompensationSQL, ex.run.ID, ex.run.LeaseToken, undoPhase, seq, cause, raw)
-		if err != nil {
-			return ex.breakOff(fmt.Errorf("engine: begin compensation: %w", notMigrated(err)))
+		switch {
+		case err != nil:
+			err = ex.breakOff(fmt.Errorf("engine: begin compensation: %w", notMigrated(err)))
+		case tag.RowsAffected() == 0:
+			err = ex.leaseLost(ctx)
 		}
-		if tag.RowsAffected() == 0 {
-			return ex.leaseLost(ctx)
+		end(err)
+		if err != nil {
+			return err
 		}
 		ex.mu.Lock()
 		ex.compensating, ex.cause = true, cause

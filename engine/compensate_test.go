@@ -137,7 +137,7 @@ func (b *sagaBundle) requireCompensated(t *testing.T, runID string, cause string
 	require.Equal(t, engine.StatusCompensated, run.Status)
 	require.Equal(t, cause, run.Error.Code)
 	require.JSONEq(t, `{"compensated": ["charge_created", "stock_reserved"]}`, string(run.Output))
-	require.Equal(t, []string{"stock_reserved", "charge_created", "undo", "undo:charge_created", "undo:stock_reserved"}, phaseNames(t, b.c, runID))
+	require.Equal(t, []string{"stock_reserved", "charge_created", "ledger_posted", "undo", "undo:charge_created", "undo:stock_reserved"}, phaseNames(t, b.c, runID))
 
 	stats := b.gateway.Stats()
 	require.Equal(t, 1, stats.Charges)
@@ -160,9 +160,10 @@ func TestPermanentFailureBeforeThePivotCompensatesNewestFirst(t *testing.T) {
 	phases, err := b.c.Phases(ctx, run.ID)
 	require.NoError(t, err)
 	require.True(t, phases[0].Compensable && phases[1].Compensable)
-	require.Equal(t, engine.KindCompensation, phases[2].Kind)
-	require.JSONEq(t, `{"cause": {"code": "account_closed", "message": "account_closed: the customer's ledger account is closed", "retryable": false}}`, string(phases[2].Output))
-	require.Equal(t, string(steps.ChildKey("default", run.ID, "undo:charge_created")), *phases[3].ChildKey)
+	require.Equal(t, "account_closed", phases[2].Error.Code, "the refusal is journaled, so a replay takes the same branch")
+	require.Equal(t, engine.KindCompensation, phases[3].Kind)
+	require.JSONEq(t, `{"cause": {"code": "account_closed", "message": "account_closed: the customer's ledger account is closed", "retryable": false}}`, string(phases[3].Output))
+	require.Equal(t, string(steps.ChildKey("default", run.ID, "undo:charge_created")), *phases[4].ChildKey)
 
 	// The same key again is the stored result, not a second saga.
 	again, err := b.c.Start(ctx, engine.StartParams{Workflow: "order", IdempotencyKey: "o-1", Input: []byte(`{"customer": "cus_1", "refuse_ledger": true}`)})

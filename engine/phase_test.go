@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/engine/enginetest"
 	"github.com/ratchet-run/ratchet/internal/testdb"
 	"github.com/ratchet-run/ratchet/steps"
 )
@@ -146,4 +147,43 @@ func TestRunInfoFromTellsAWorkflowWhichRunItIs(t *testing.T) {
 	require.Equal(t, want, inPhase)
 	_, ok := engine.RunInfoFrom(context.Background())
 	require.False(t, ok, "outside a run")
+}
+
+// An atomic phase's permanent failure is journaled, as a step's is: a
+// workflow that branches on it takes the same branch when resumed, rather
+// than run the phase again where the journal holds the branch.
+func TestAnAtomicPhasesPermanentFailureIsReplayed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	workflows := engine.NewWorkflows()
+	_, err := engine.Register(workflows, "branch", func(ctx context.Context, _ struct{}) (int, error) {
+		n, err := engine.Atomic(ctx, "checked", func(ctx context.Context, tx pgx.Tx) (int, error) {
+			if _, err := bump(ctx, tx, "checked"); err != nil {
+				return 0, err
+			}
+			return 0, steps.Permanent("refused", errors.New("refused"))
+		}, nil)
+		if err != nil {
+			if _, ferr := engine.Atomic(ctx, "refusal_recorded", func(ctx context.Context, tx pgx.Tx) (int, error) {
+				return bump(ctx, tx, "recorded")
+			}, nil); ferr != nil {
+				return 0, ferr
+			}
+		}
+		return n, err
+	}, nil)
+	require.NoError(t, err)
+	c := b.client(t, workflows, nil)
+	ctx := context.Background()
+	res, err := c.Start(enginetest.CrashAfter(ctx, "refusal_recorded"), engine.StartParams{Workflow: "branch", IdempotencyKey: "k", Input: []byte(`{}`)})
+	require.ErrorIs(t, err, enginetest.ErrCrashed)
+	b.expireLease(t, res.Run.ID)
+	run, err := c.TakeOver(ctx, res.Run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusFailed, run.Status)
+	require.Equal(t, "refused", run.Error.Code, "not a non-determinism")
+	phases := enginetest.RequirePhases(t, c, run.ID, "checked", "refusal_recorded")
+	require.Equal(t, "refused", phases[0].Error.Code)
+	require.Equal(t, 0, b.counter(t, "checked"), "the failed phase's writes rolled back, and it did not run again")
+	require.Equal(t, 1, b.counter(t, "recorded"))
 }

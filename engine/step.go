@@ -170,20 +170,10 @@ func runStep[T any](ctx context.Context, ex *execution, seq int, name string, ke
 	commitCtx, cancelCommit := context.WithTimeout(context.WithoutCancel(ctx), stepCommitTimeout)
 	defer cancelCommit()
 	if err != nil {
-		var perm *steps.PermanentError
 		if ctx.Err() != nil || steps.Classify(err) != steps.ClassPermanent {
 			return zero, fmt.Errorf("engine: step %q: %w", name, err)
 		}
-		rec.err = classify(err)
-		if errors.As(err, &perm) && perm.Err != nil {
-			rec.err.Message = perm.Err.Error() // replay re-wraps it with the code
-		}
-		cancel, cerr := ex.commitPhase(commitCtx, ex.c.pool, rec)
-		if cerr != nil {
-			return zero, cerr
-		}
-		ex.committed(name, cancel)
-		return zero, err
+		return zero, ex.commitFailure(ctx, rec, err)
 	}
 	raw, out, err := journaled(name, out)
 	if err != nil {

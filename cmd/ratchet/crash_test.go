@@ -230,6 +230,148 @@ func TestCrashMatrix(t *testing.T) {
 		total, len(points), stats.Charges, ledgerRows, m.Deliveries, len(gateway.Requests()))
 }
 
+// TestCompensationCrashMatrix kills the service process (API and worker)
+// running payments that the ledger refuses after the charge, at every
+// boundary of the compensation and in the middle of the refund, while
+// their clients retry against a second process. Every payment must end
+// compensated: charged once, refunded once under the refund's own key,
+// never posted.
+func TestCompensationCrashMatrix(t *testing.T) {
+	t.Parallel()
+	perPoint := 5
+	if n, err := strconv.Atoi(os.Getenv("RATCHET_CRASH_PAYMENTS")); err == nil && n > 0 {
+		perPoint = n
+	}
+	bin := buildCrashBinary(t)
+	url := testdb.NewURL(t)
+
+	var midRefund atomic.Pointer[os.Process] // killed by the gateway once it has refunded
+	gateway := fakes.NewGateway(&fakes.GatewayOpts{AfterRefund: func(string) {
+		if p := midRefund.Swap(nil); p != nil {
+			_ = p.Signal(syscall.SIGKILL)
+		}
+	}})
+	gwSrv, mailSrv := httptest.NewServer(gateway), httptest.NewServer(fakes.NewMail(nil))
+	defer gwSrv.Close()
+	defer mailSrv.Close()
+	env := []string{"DATABASE_URL=" + smallPool(url), "RATCHET_GATEWAY_URL=" + gwSrv.URL, "RATCHET_MAIL_URL=" + mailSrv.URL, "RATCHET_STALE_AFTER=2s"}
+
+	survivor := startService(t, bin, env, "serve", "--addr", "127.0.0.1:0")
+	pool := testdb.Connect(t, url, nil)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO payments.closed_accounts (customer) VALUES ('cus_closed')`)
+	require.NoError(t, err)
+
+	client := &http.Client{Timeout: 30 * time.Second}
+	const body = `{"amount": 1299, "currency": "usd", "customer": "cus_closed", "email": "a@example.com"}`
+	var (
+		mu       sync.Mutex
+		problems []string
+		total    int
+	)
+	points := []string{"end:charge_created", "end:payment_refused", "end:undo", "mid-refund", "end:undo:charge_created"}
+	for _, point := range points {
+		victimEnv := env
+		if point != "mid-refund" {
+			victimEnv = append(victimEnv, "RATCHET_CRASH_AT="+point)
+		}
+		victim := startService(t, bin, victimEnv, "serve", "--addr", "127.0.0.1:0")
+		if point == "mid-refund" {
+			midRefund.Store(victim.cmd.Process)
+		}
+		var wg sync.WaitGroup
+		for i := range perPoint {
+			key := fmt.Sprintf("refused-%s-%d", point, i)
+			total++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if r := post(client, victim.base, key, body); r.err == nil && r.status == http.StatusConflict {
+					return // compensated before the crash
+				}
+				deadline := time.Now().Add(60 * time.Second)
+				for time.Now().Before(deadline) {
+					r := post(client, survivor.base, key, body)
+					if r.status == http.StatusConflict && r.header.Get("Idempotent-Replayed") == "true" {
+						return // the stored answer of the compensated run
+					}
+					if r.status >= 500 {
+						mu.Lock()
+						problems = append(problems, fmt.Sprintf("%s: %d", key, r.status))
+						mu.Unlock()
+					}
+					time.Sleep(200 * time.Millisecond)
+				}
+				mu.Lock()
+				problems = append(problems, key+": never compensated")
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		select {
+		case <-victim.exited:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the victim was never killed", point)
+		}
+	}
+	if len(problems) > 0 {
+		rows, err := pool.Query(ctx, `SELECT idempotency_key, status, coalesce(error::text, ''), coalesce(waiting_for::text, ''), attempt,
+			(SELECT string_agg(name, ',' ORDER BY seq) FROM ratchet.phases WHERE run_id = runs.id)
+			FROM ratchet.runs WHERE workflow = 'payment' AND status <> 'compensated'`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var key, status, runErr, waiting, phases string
+			var attempt int
+			require.NoError(t, rows.Scan(&key, &status, &runErr, &waiting, &attempt, &phases))
+			t.Logf("%s: %s attempt %d error %s waiting %s phases %s", key, status, attempt, runErr, waiting, phases)
+		}
+		t.Logf("survivor's log:\n%s", survivor.stderr)
+	}
+	require.Empty(t, problems)
+
+	var compensated, refused, ledgerRows int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ratchet.runs WHERE workflow = 'payment' AND status = 'compensated'`).Scan(&compensated))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM payments.payments WHERE status = 'refused'`).Scan(&refused))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM payments.ledger_entries`).Scan(&ledgerRows))
+	require.Equal(t, total, compensated, "every payment ends compensated")
+	require.Equal(t, total, refused)
+	require.Zero(t, ledgerRows, "never posted")
+	stats := gateway.Stats()
+	require.Equal(t, total, stats.Charges, "one charge per payment")
+	require.Equal(t, total, stats.Refunds, "one refund per payment")
+	require.Len(t, stats.RefundsByCharge, total, "every charge refunded")
+	for charge, n := range stats.RefundsByCharge {
+		require.Equal(t, 1, n, "charge %s refunded once", charge)
+	}
+	for key := range stats.RefundsByKey {
+		require.NotContains(t, stats.ChargesByKey, key, "a refund's key is not its charge's")
+	}
+	t.Logf("%d refused payments over %d crash points: %d charges, %d refunds", total, len(points), stats.Charges, stats.Refunds)
+}
+
+type postResult struct {
+	status int
+	header http.Header
+	err    error
+}
+
+// post starts a payment with key and body.
+func post(client *http.Client, base, key, body string) postResult {
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/workflows/payment/runs", strings.NewReader(body))
+	if err != nil {
+		return postResult{err: err}
+	}
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return postResult{err: err}
+	}
+	io.Copy(io.Discard, resp.Body) //nolint:errcheck
+	resp.Body.Close()
+	return postResult{status: resp.StatusCode, header: resp.Header}
+}
+
 // TestSIGTERMAnswersWaitingClientsAtOnceAndEndsWithinTheGrace: a client
 // that asked to wait a minute for a payment stuck at a slow gateway gets
 // 202 with the run's Location as soon as the service is told to stop, and

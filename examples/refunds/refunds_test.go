@@ -216,7 +216,9 @@ func TestRefundOfMoreThanIsLeftFailsWithItsOwnStatus(t *testing.T) {
 	require.Equal(t, "not_refundable", run.Error.Code)
 	require.Equal(t, http.StatusConflict, *run.ResponseStatus)
 	require.Equal(t, 24*time.Hour, run.ExpiresAt.Sub(*run.FinishedAt), "a refused refund is kept a day, not the chargeback window")
-	enginetest.RequirePhases(t, c, res.Run.ID) // the refused lookup rolled back: nothing journaled
+	// The refused lookup rolled back its writes; its refusal is journaled.
+	phases := enginetest.RequirePhases(t, c, res.Run.ID, "payment_looked_up")
+	require.Equal(t, "not_refundable", phases[0].Error.Code)
 	_, made := b.gateway.stats()
 	require.Zero(t, made)
 }
