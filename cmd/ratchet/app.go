@@ -116,11 +116,21 @@ func newApp(pool *pgxpool.Pool, f appFlags, work bool, logger *slog.Logger) (*ap
 // demoBalances are the accounts dev opens for the quickstart transfer.
 var demoBalances = map[string]int64{"alice": 1_000_000, "bob": 0}
 
+// demoClosedAccount is the customer whose ledger account dev closes: the
+// ledger refuses their payments after the charge, which is refunded.
+const demoClosedAccount = "cus_closed"
+
 // setUp creates the example workflows' tables, and opens balances (demo
-// data: dev's only, never seeded into a database serve is pointed at).
+// data: dev's only, never seeded into a database serve is pointed at;
+// with them, dev closes demoClosedAccount).
 func setUp(ctx context.Context, pool *pgxpool.Pool, balances map[string]int64) error {
 	if err := payments.Setup(ctx, pool); err != nil {
 		return err
+	}
+	if balances != nil {
+		if _, err := pool.Exec(ctx, `INSERT INTO payments.closed_accounts (customer) VALUES ($1) ON CONFLICT DO NOTHING`, demoClosedAccount); err != nil {
+			return fmt.Errorf("close the demo account: %w", err)
+		}
 	}
 	if err := payouts.Setup(ctx, pool); err != nil {
 		return err

@@ -219,11 +219,17 @@ func demo(ctx context.Context, base string, gateway *fakes.Gateway, mail *fakes.
 		return err
 	}
 	out("  4. a declined card -> %d %s", status, body)
+	status, _, body, err = post(key+"-refused", `{"amount": 700, "currency": "usd", "customer": "`+demoClosedAccount+`", "email": "c@example.com"}`)
+	if err != nil {
+		return err
+	}
+	out("  5. charged, then refused by the ledger (the account is closed) -> %d %s", status, body)
 	deadline := time.Now().Add(5 * time.Second)
 	for mail.Stats().Deliveries == 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	out("  gateway: %d charge(s); mail: %d receipt(s) delivered", gateway.Stats().Charges, mail.Stats().Deliveries)
+	gs := gateway.Stats()
+	out("  gateway: %d charge(s), %d refund(s); mail: %d receipt(s) delivered", gs.Charges, gs.Refunds, mail.Stats().Deliveries)
 
 	// A payout: the run waits, holding nothing, for the bank's webhook.
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/workflows/payout/runs", strings.NewReader(`{"amount": 5000, "account": "acct_123"}`))
@@ -249,7 +255,7 @@ func demo(ctx context.Context, base string, gateway *fakes.Gateway, mail *fakes.
 		return fmt.Errorf("payout: %d %s, not waiting", resp.StatusCode, run.Status)
 	}
 	location := resp.Header.Get("Location")
-	out("  5. a payout -> %d %s for %s (the bank's webhook is on its way)", resp.StatusCode, run.Status, run.WaitingFor.Phase)
+	out("  6. a payout -> %d %s for %s (the bank's webhook is on its way)", resp.StatusCode, run.Status, run.WaitingFor.Phase)
 	for deadline := time.Now().Add(10 * time.Second); run.Status != "succeeded" && time.Now().Before(deadline); {
 		time.Sleep(200 * time.Millisecond) // a client polling its run, as any would
 		resp, err := http.Get(base + location)

@@ -12,18 +12,24 @@ import (
 )
 
 type fakesCmd struct {
-	GatewayAddr string        `name:"gateway-addr" env:"RATCHET_GATEWAY_ADDR" default:"127.0.0.1:4242" help:"Address the fake gateway listens on (env RATCHET_GATEWAY_ADDR)."`
-	MailAddr    string        `name:"mail-addr" env:"RATCHET_MAIL_ADDR" default:"127.0.0.1:4243" help:"Address the fake mail service listens on (env RATCHET_MAIL_ADDR)."`
-	FailBefore  int           `name:"fail-before" help:"For each idempotency key, answer the first N charges 500 without charging."`
-	DropAfter   int           `name:"drop-after" help:"For each idempotency key, charge on the next N requests and close the connection without answering."`
-	Latency     time.Duration `name:"latency" help:"Delay every charge by this long."`
-	BankAddr    string        `name:"bank-addr" env:"RATCHET_BANK_ADDR" default:"127.0.0.1:4244" help:"Address the fake bank listens on (env RATCHET_BANK_ADDR)."`
-	WebhookURL  string        `name:"webhook-url" default:"http://127.0.0.1:8080/v1/signals/bank_settled" help:"Where the fake bank sends its settlement webhooks: the Ratchet API's signal endpoint."`
-	SettleAfter time.Duration `name:"settle-after" default:"1s" help:"How long after a transfer the bank sends its webhook."`
+	GatewayAddr   string        `name:"gateway-addr" env:"RATCHET_GATEWAY_ADDR" default:"127.0.0.1:4242" help:"Address the fake gateway listens on (env RATCHET_GATEWAY_ADDR)."`
+	MailAddr      string        `name:"mail-addr" env:"RATCHET_MAIL_ADDR" default:"127.0.0.1:4243" help:"Address the fake mail service listens on (env RATCHET_MAIL_ADDR)."`
+	FailBefore    int           `name:"fail-before" help:"For each idempotency key, answer the first N charges 500 without charging."`
+	DropAfter     int           `name:"drop-after" help:"For each idempotency key, charge on the next N requests and close the connection without answering."`
+	Latency       time.Duration `name:"latency" help:"Delay every charge by this long."`
+	KeyWindow     time.Duration `name:"key-window" help:"Forget an idempotency key this long after its first use, as real gateways do (a charge repeated later is a new charge); 0 remembers keys for ever."`
+	RefuseRefunds bool          `name:"refuse-refunds" help:"Refuse every refund (400 charge_disputed), to see a compensation stuck for an operator."`
+	BankAddr      string        `name:"bank-addr" env:"RATCHET_BANK_ADDR" default:"127.0.0.1:4244" help:"Address the fake bank listens on (env RATCHET_BANK_ADDR)."`
+	WebhookURL    string        `name:"webhook-url" default:"http://127.0.0.1:8080/v1/signals/bank_settled" help:"Where the fake bank sends its settlement webhooks: the Ratchet API's signal endpoint."`
+	SettleAfter   time.Duration `name:"settle-after" default:"1s" help:"How long after a transfer the bank sends its webhook."`
 }
 
 func (c *fakesCmd) Run(e *env) error {
-	gw := fakes.NewGateway(&fakes.GatewayOpts{Faults: fakes.Faults{FailBefore: c.FailBefore, DropAfter: c.DropAfter, Latency: c.Latency}})
+	if c.KeyWindow < 0 {
+		return fmt.Errorf("--key-window %s is negative", c.KeyWindow)
+	}
+	gw := fakes.NewGateway(&fakes.GatewayOpts{KeyWindow: c.KeyWindow,
+		Faults: fakes.Faults{FailBefore: c.FailBefore, DropAfter: c.DropAfter, Latency: c.Latency, RefuseRefunds: c.RefuseRefunds}})
 	gwLn, err := net.Listen("tcp", c.GatewayAddr)
 	if err != nil {
 		return fmt.Errorf("fake gateway cannot listen on %s: %s", c.GatewayAddr, reason(err))

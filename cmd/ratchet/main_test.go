@@ -67,8 +67,9 @@ func TestDevServesThePaymentDemo(t *testing.T) {
 		"2. the same request again -> 201, Idempotent-Replayed: true, body identical: true",
 		"3. the same key, another amount -> 422",
 		"4. a declined card -> 402",
-		"gateway: 1 charge(s); mail: 1 receipt(s) delivered",
-		"5. a payout -> 202 waiting for bank_settled",
+		`5. charged, then refused by the ledger (the account is closed) -> 409`, `"code":"account_closed"`, `"compensated":["charge_created"]`,
+		"gateway: 2 charge(s), 1 refund(s); mail: 1 receipt(s) delivered",
+		"6. a payout -> 202 waiting for bank_settled",
 		`then -> succeeded {"status":"settled","transfer_id":"tr_1"}; webhooks received: 2`,
 		"shutting down",
 	} {
