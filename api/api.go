@@ -370,7 +370,9 @@ func (h *Handler) startRun(w http.ResponseWriter, r *http.Request, tenant string
 		writeProblem(w, problem{Status: http.StatusConflict, Code: codeInProgress, Title: "A request with this Idempotency-Key is in progress",
 			RunID: run.ID, Instance: h.runPath(run.ID)})
 	case engine.OutcomeResumable:
-		if run.NextAttemptAt == nil || !run.NextAttemptAt.After(time.Now()) {
+		// Not a run backing off, nor one parked with nothing to wake it
+		// (a signal not yet sent, an operator's decision): due_at is NULL.
+		if run.DueAt != nil && !run.DueAt.After(time.Now()) {
 			h.takeOver(r, run.ID)
 		}
 		h.writeAccepted(w, run)

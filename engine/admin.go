@@ -18,7 +18,9 @@ import (
 // released): an executor replays it, registering its undos, and
 // compensates. One a live executor holds is marked, and the executor stops
 // at its next phase boundary (and compensates, if it has undos by then).
-// A run past its pivot is not touched.
+// One already compensating is only marked: it is undoing what it did, on
+// its own schedule (a stuck one waits for Reopen). A run past its pivot
+// is not touched.
 const cancelSQL = `
 UPDATE ratchet.runs r SET
 	cancel_requested_at = coalesce(r.cancel_requested_at, now()),
@@ -26,15 +28,15 @@ UPDATE ratchet.runs r SET
 	error         = CASE WHEN s.at_once THEN $2::jsonb ELSE r.error END,
 	finished_at   = CASE WHEN s.at_once THEN now() END,
 	expires_at    = CASE WHEN s.at_once THEN now() + $3::interval END,
-	lease_token   = CASE WHEN s.held THEN r.lease_token ELSE r.lease_token + 1 END,
-	lease_owner   = CASE WHEN s.held THEN r.lease_owner END,
-	lease_expires_at = CASE WHEN s.held THEN r.lease_expires_at END,
-	next_attempt_at  = CASE WHEN s.held THEN r.next_attempt_at WHEN s.at_once THEN NULL ELSE now() END,
+	lease_token   = CASE WHEN s.held OR s.compensating THEN r.lease_token ELSE r.lease_token + 1 END,
+	lease_owner   = CASE WHEN s.held OR s.compensating THEN r.lease_owner END,
+	lease_expires_at = CASE WHEN s.held OR s.compensating THEN r.lease_expires_at END,
+	next_attempt_at  = CASE WHEN s.held OR s.compensating THEN r.next_attempt_at WHEN s.at_once THEN NULL ELSE now() END,
 	updated_at = now()
 FROM (
-	SELECT held, compensates, NOT held AND NOT compensates AS at_once FROM (
-		SELECT coalesce(lease_expires_at > now(), false) AS held,
-			status = 'compensating' OR EXISTS (SELECT 1 FROM ratchet.phases WHERE run_id = $1 AND compensable) AS compensates
+	SELECT held, compensating, compensating OR undos AS compensates, NOT held AND NOT compensating AND NOT undos AS at_once FROM (
+		SELECT coalesce(lease_expires_at > now(), false) AS held, status = 'compensating' AS compensating,
+			EXISTS (SELECT 1 FROM ratchet.phases WHERE run_id = $1 AND compensable) AS undos
 		FROM ratchet.runs WHERE id = $1 AND pivot IS NULL FOR UPDATE) locked
 ) s
 WHERE r.id = $1 AND r.finished_at IS NULL AND r.pivot IS NULL
@@ -127,7 +129,7 @@ func (c *Client) cancel(ctx context.Context, db dbtx, runID string) (*CancelResu
 	switch {
 	case cr.Run.Status.Finished():
 		res.Outcome = CancelledNow
-	case !cr.Held:
+	case cr.Compensates && (!cr.Held || cr.Run.Status == StatusCompensating):
 		res.Outcome = CancelCompensates
 	}
 	return res, nil

@@ -327,6 +327,10 @@ func TestACompensationThatKeepsFailingIsStuckUntilResumed(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, claimed)
 	require.Equal(t, 0, b.counter(t, "released"), "undos run newest first: the release waits for the refund")
+	cancelled, err := b.c.Cancel(ctx, run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.CancelCompensates, cancelled.Outcome, "it is compensating already")
+	require.Nil(t, cancelled.Run.DueAt, "a cancel does not unpark it: the operator does")
 
 	b.gateway.SetFaults(fakes.Faults{})
 	reopened, err := b.c.Reopen(ctx, run.ID)
