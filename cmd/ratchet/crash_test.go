@@ -77,27 +77,8 @@ func startService(t *testing.T, bin string, env []string, args ...string) *servi
 	return s
 }
 
-type payResult struct {
-	status int
-	err    error
-}
-
-func postPayment(client *http.Client, base, key string) payResult {
-	req, err := http.NewRequest(http.MethodPost, base+"/v1/workflows/payment/runs",
-		strings.NewReader(`{"amount": 1299, "currency": "usd", "customer": "cus_123", "email": "a@example.com"}`))
-	if err != nil {
-		return payResult{err: err}
-	}
-	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := client.Do(req)
-	if err != nil {
-		return payResult{err: err}
-	}
-	io.Copy(io.Discard, resp.Body) //nolint:errcheck
-	resp.Body.Close()
-	return payResult{status: resp.StatusCode}
-}
+// card is the payment the crash matrix sends.
+const card = `{"amount": 1299, "currency": "usd", "customer": "cus_123", "email": "a@example.com"}`
 
 // TestCrashMatrix kills the service process (API and worker, as deployed)
 // executing payments at every phase boundary and in the middle of the
@@ -107,19 +88,12 @@ func postPayment(client *http.Client, base, key string) payResult {
 // summing to zero) and receipted once.
 func TestCrashMatrix(t *testing.T) {
 	t.Parallel()
-	perPoint := 20
-	if n, err := strconv.Atoi(os.Getenv("RATCHET_CRASH_PAYMENTS")); err == nil && n > 0 {
-		perPoint = n
-	}
+	perPoint := crashPayments(20)
 	bin := buildCrashBinary(t)
 	url := testdb.NewURL(t)
 
 	var midCharge atomic.Pointer[os.Process] // killed by the gateway once it has charged
-	gateway := fakes.NewGateway(&fakes.GatewayOpts{AfterCharge: func(string) {
-		if p := midCharge.Swap(nil); p != nil {
-			_ = p.Signal(syscall.SIGKILL)
-		}
-	}})
+	gateway := fakes.NewGateway(&fakes.GatewayOpts{AfterCharge: kill(&midCharge)})
 	mail := fakes.NewMail(nil)
 	gwSrv, mailSrv := httptest.NewServer(gateway), httptest.NewServer(mail)
 	defer gwSrv.Close()
@@ -150,7 +124,7 @@ func TestCrashMatrix(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if r := postPayment(client, victim.base, key); r.err == nil && r.status == http.StatusCreated {
+				if r := post(client, victim.base, key, card); r.err == nil && r.status == http.StatusCreated {
 					return // finished before the crash
 				}
 				// The storm: ten retries at once against the other process.
@@ -159,7 +133,7 @@ func TestCrashMatrix(t *testing.T) {
 					storm.Add(1)
 					go func() {
 						defer storm.Done()
-						if r := postPayment(client, survivor.base, key); r.status >= 500 {
+						if r := post(client, survivor.base, key, card); r.status >= 500 {
 							mu.Lock()
 							serverError = append(serverError, fmt.Sprintf("%s: %d", key, r.status))
 							mu.Unlock()
@@ -168,22 +142,11 @@ func TestCrashMatrix(t *testing.T) {
 				}
 				storm.Wait()
 				// Then a patient client, until the payment is final.
-				deadline := time.Now().Add(60 * time.Second)
-				for time.Now().Before(deadline) {
-					r := postPayment(client, survivor.base, key)
-					if r.status == http.StatusCreated {
-						return
-					}
-					if r.status >= 500 {
-						mu.Lock()
-						serverError = append(serverError, fmt.Sprintf("%s: %d", key, r.status))
-						mu.Unlock()
-					}
-					time.Sleep(200 * time.Millisecond)
-				}
-				mu.Lock()
-				serverError = append(serverError, key+": never finished")
-				mu.Unlock()
+				retryUntil(client, survivor.base, key, card, func(r postResult) bool { return r.status == http.StatusCreated }, func(problem string) {
+					mu.Lock()
+					serverError = append(serverError, problem)
+					mu.Unlock()
+				})
 			}()
 		}
 		wg.Wait()
@@ -238,19 +201,12 @@ func TestCrashMatrix(t *testing.T) {
 // never posted.
 func TestCompensationCrashMatrix(t *testing.T) {
 	t.Parallel()
-	perPoint := 5
-	if n, err := strconv.Atoi(os.Getenv("RATCHET_CRASH_PAYMENTS")); err == nil && n > 0 {
-		perPoint = n
-	}
+	perPoint := crashPayments(5)
 	bin := buildCrashBinary(t)
 	url := testdb.NewURL(t)
 
 	var midRefund atomic.Pointer[os.Process] // killed by the gateway once it has refunded
-	gateway := fakes.NewGateway(&fakes.GatewayOpts{AfterRefund: func(string) {
-		if p := midRefund.Swap(nil); p != nil {
-			_ = p.Signal(syscall.SIGKILL)
-		}
-	}})
+	gateway := fakes.NewGateway(&fakes.GatewayOpts{AfterRefund: kill(&midRefund)})
 	gwSrv, mailSrv := httptest.NewServer(gateway), httptest.NewServer(fakes.NewMail(nil))
 	defer gwSrv.Close()
 	defer mailSrv.Close()
@@ -289,22 +245,15 @@ func TestCompensationCrashMatrix(t *testing.T) {
 				if r := post(client, victim.base, key, body); r.err == nil && r.status == http.StatusConflict {
 					return // compensated before the crash
 				}
-				deadline := time.Now().Add(60 * time.Second)
-				for time.Now().Before(deadline) {
-					r := post(client, survivor.base, key, body)
-					if r.status == http.StatusConflict && r.header.Get("Idempotent-Replayed") == "true" {
-						return // the stored answer of the compensated run
-					}
-					if r.status >= 500 {
-						mu.Lock()
-						problems = append(problems, fmt.Sprintf("%s: %d", key, r.status))
-						mu.Unlock()
-					}
-					time.Sleep(200 * time.Millisecond)
+				// The stored answer of the compensated run is final.
+				final := func(r postResult) bool {
+					return r.status == http.StatusConflict && r.header.Get("Idempotent-Replayed") == "true"
 				}
-				mu.Lock()
-				problems = append(problems, key+": never compensated")
-				mu.Unlock()
+				retryUntil(client, survivor.base, key, body, final, func(problem string) {
+					mu.Lock()
+					problems = append(problems, problem)
+					mu.Unlock()
+				})
 			}()
 		}
 		wg.Wait()
@@ -353,6 +302,40 @@ type postResult struct {
 	status int
 	header http.Header
 	err    error
+}
+
+// crashPayments is how many payments a crash matrix sends per crash point:
+// RATCHET_CRASH_PAYMENTS, else def.
+func crashPayments(def int) int {
+	if n, err := strconv.Atoi(os.Getenv("RATCHET_CRASH_PAYMENTS")); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+// kill is a gateway hook that kills the process in victim, once.
+func kill(victim *atomic.Pointer[os.Process]) func(string) {
+	return func(string) {
+		if p := victim.Swap(nil); p != nil {
+			_ = p.Signal(syscall.SIGKILL)
+		}
+	}
+}
+
+// retryUntil posts a payment with key until final says its answer is, for
+// at most a minute, reporting every 5xx and a payment that never got there.
+func retryUntil(client *http.Client, base, key, body string, final func(postResult) bool, report func(string)) {
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); {
+		r := post(client, base, key, body)
+		if final(r) {
+			return
+		}
+		if r.status >= 500 {
+			report(fmt.Sprintf("%s: %d", key, r.status))
+		}
+		time.Sleep(200 * time.Millisecond) // a client's pause between retries
+	}
+	report(key + ": never final")
 }
 
 // post starts a payment with key and body.
