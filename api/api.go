@@ -503,9 +503,10 @@ func (h *Handler) listRuns(w http.ResponseWriter, r *http.Request, tenant string
 		p.Limit = n
 	}
 	switch p.Status {
-	case "", engine.StatusPending, engine.StatusRunning, engine.StatusWaiting, engine.StatusSucceeded, engine.StatusFailed, engine.StatusCancelled:
+	case "", engine.StatusPending, engine.StatusRunning, engine.StatusWaiting, engine.StatusCompensating,
+		engine.StatusSucceeded, engine.StatusFailed, engine.StatusCancelled, engine.StatusCompensated:
 	default:
-		bad("status must be one of pending, running, waiting, succeeded, failed, cancelled")
+		bad("status must be one of pending, running, waiting, compensating, succeeded, failed, cancelled, compensated")
 		return
 	}
 	runs, err := h.engine.ListRuns(r.Context(), p)

@@ -74,6 +74,14 @@ func TestACompensatedRunIsAnsweredWithItsCauseAndReplayedByteForByte(t *testing.
 	require.True(t, run.Phases[0].Compensable)
 	require.NotEqual(t, *run.Phases[0].ChildKey, *run.Phases[3].ChildKey, "the refund has a key of its own")
 	require.Equal(t, 1, b.gateway.Stats().Refunds)
+
+	list := b.do(t, http.MethodGet, "/v1/runs?status=compensated", "")
+	require.Equal(t, http.StatusOK, list.status, "%s", list)
+	page := decode[struct {
+		Data []sagaRun `json:"data"`
+	}](t, list)
+	require.Len(t, page.Data, 1)
+	require.Equal(t, p.RunID, page.Data[0].ID)
 }
 
 func TestCancelSaysWhatItDoes(t *testing.T) {

@@ -415,3 +415,30 @@ func TestPhaseNamesOfCompensationAreReserved(t *testing.T) {
 		require.Equal(t, engine.CodeInvalidPhase, res.Run.Error.Code)
 	}
 }
+
+// A run whose retry policy gives up compensates like one that failed
+// permanently, with retries_exhausted as its cause.
+func TestARetryPolicyThatGivesUpCompensates(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	workflows := engine.NewWorkflows()
+	_, err := engine.Register(workflows, "flaky", func(ctx context.Context, _ struct{}) (int, error) {
+		if _, err := engine.Atomic(ctx, "held", func(ctx context.Context, tx pgx.Tx) (int, error) { return bump(ctx, tx, "held") },
+			&engine.AtomicOpts[int]{Compensate: func(ctx context.Context, tx pgx.Tx, _ int) error { _, err := bump(ctx, tx, "unheld"); return err }}); err != nil {
+			return 0, err
+		}
+		return engine.Atomic(ctx, "confirmed", func(context.Context, pgx.Tx) (int, error) { return 0, errors.New("the downstream is down") }, nil)
+	}, &engine.WorkflowOpts{Retry: &engine.RetryPolicy{MaxAttempts: 2, InitialInterval: time.Hour}})
+	require.NoError(t, err)
+	c := b.client(t, workflows, nil)
+	ctx := context.Background()
+	res, err := c.Start(ctx, engine.StartParams{Workflow: "flaky", IdempotencyKey: "k", Input: []byte(`{}`)})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusPending, res.Run.Status, "the first failure is retried")
+	run, err := c.TakeOver(ctx, res.Run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusCompensated, run.Status)
+	require.Equal(t, engine.CodeRetriesExhausted, run.Error.Code)
+	require.Equal(t, 1, b.counter(t, "unheld"))
+	require.Equal(t, 1, b.counter(t, "held"))
+}
