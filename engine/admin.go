@@ -102,7 +102,7 @@ func (c *Client) cancel(ctx context.Context, db dbtx, runID string) (*CancelResu
 		return &CancelResult{Run: &lr.Run}, fmt.Errorf("%w: %s is %s", ErrFinished, runID, lr.Status)
 	}
 	var ttl *time.Duration
-	if def, err := c.workflows.lookup(lr.Workflow); err == nil {
+	if def, err := c.workflows.lookupVersion(lr.Workflow, lr.WorkflowVersion); err == nil {
 		ttl = def.ttl(StatusCancelled)
 	}
 	rows, err := db.Query(ctx, cancelSQL, runID, cancelledError, ttl)

@@ -76,11 +76,15 @@ func phase[T any](ctx context.Context, name string, kind PhaseKind, run func(ctx
 	if kind == KindStep {
 		key = steps.ChildKey(ex.run.Tenant, ex.run.ID, name)
 	}
-	ctx, end := ex.c.hooks.Phase(ctx, ex.phaseInfo(name, kind, seq, memo != nil, string(key)))
+	ctx, end := ex.hooks.Phase(ctx, ex.phaseInfo(name, kind, seq, memo != nil, string(key)))
 	out, err := func() (T, error) {
 		defer ex.leave()
 		if memo != nil {
-			return replay[T](memo)
+			out, err := replay[T](memo)
+			if err != nil && memo.Error == nil {
+				ex.noteReplayFailure(seq, err) // the output no longer decodes
+			}
+			return out, err
 		}
 		return run(ctx, ex, seq, key)
 	}()
@@ -276,7 +280,7 @@ func (ex *execution) enter(name string) (memo *Phase, seq int, err error) {
 		ex.fatal = &phaseUsageError{code: CodeInvalidPhase, msg: fmt.Sprintf("phase name %q: want 1..255 characters of UTF-8", name)}
 		return nil, 0, ex.fatal
 	case reservedPhaseName(name):
-		ex.fatal = &phaseUsageError{code: CodeInvalidPhase, msg: fmt.Sprintf("phase name %q: %q and names beginning %q are the engine's (compensation)", name, undoPhase, undoPrefix)}
+		ex.fatal = &phaseUsageError{code: CodeInvalidPhase, msg: fmt.Sprintf("phase name %q: %q and names beginning %q or %q are the engine's", name, undoPhase, undoPrefix, patchPrefix)}
 		return nil, 0, ex.fatal
 	}
 	seq = ex.next
@@ -294,6 +298,11 @@ func (ex *execution) enter(name string) (memo *Phase, seq int, err error) {
 		return j, seq, nil
 	}
 	switch {
+	case ex.dry:
+		// The deploy gate's replay has reached the end of the journal:
+		// the run is compatible.
+		ex.dryEnd = true
+		return nil, 0, errDryEnd
 	case ex.compensating:
 		// A run resumed to compensate replays its journal only, to
 		// register its undos; it goes no further forward.

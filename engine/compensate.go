@@ -26,7 +26,7 @@ const (
 )
 
 func reservedPhaseName(name string) bool {
-	return name == undoPhase || strings.HasPrefix(name, undoPrefix)
+	return name == undoPhase || strings.HasPrefix(name, undoPrefix) || isPatchMarker(name)
 }
 
 // errCompensating stops the workflow of a run resumed to compensate at the
@@ -177,7 +177,7 @@ func (c *Client) compensate(ctx context.Context, ex *execution, cause *RunError)
 			return err
 		}
 		seq := ex.takeSeq()
-		_, end := c.hooks.Phase(ctx, ex.phaseInfo(undoPhase, KindCompensation, seq, false, ""))
+		_, end := ex.hooks.Phase(ctx, ex.phaseInfo(undoPhase, KindCompensation, seq, false, ""))
 		tag, err := c.pool.Exec(ctx, beginCompensationSQL, ex.run.ID, ex.run.LeaseToken, undoPhase, seq, cause, raw)
 		switch {
 		case err != nil:
@@ -235,7 +235,7 @@ func (c *Client) undo(ctx context.Context, ex *execution, u *compensator) error 
 	if u.step != nil {
 		key = steps.ChildKey(ex.run.Tenant, ex.run.ID, name)
 	}
-	ctx, end := c.hooks.Phase(ctx, ex.phaseInfo(name, KindCompensation, seq, false, string(key)))
+	ctx, end := ex.hooks.Phase(ctx, ex.phaseInfo(name, KindCompensation, seq, false, string(key)))
 	var err error
 	if u.step != nil {
 		err = c.undoStep(ctx, ex, u, seq, name, key)

@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// claimDueSQL takes over up to $1 due runs of the workflows this client
-// knows ($4), the longest due first, for owner $2 with a lease of $3
+// claimDueSQL takes over up to $1 due runs of the workflow versions this
+// client serves ($4, "name@version"), the longest due first, for owner $2 with a lease of $3
 // (takeOverSet, as TakeOver's).
 //
 // due_at is derived by the database from the lease and the backoff (see
@@ -22,7 +22,7 @@ import (
 const claimDueSQL = `
 WITH due AS (
 	SELECT id FROM ratchet.runs
-	WHERE due_at <= now() AND workflow = ANY($4)
+	WHERE due_at <= now() AND workflow || '@' || workflow_version = ANY($4)
 	ORDER BY due_at
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED)
@@ -32,8 +32,9 @@ RETURNING ` + runColumns
 
 // ClaimDue takes over, with new lease tokens, up to limit runs that are due:
 // unfinished, with no live lease, and past any backoff. Only runs of
-// workflows registered with this client are claimed. Once Shutdown has
-// begun it claims nothing and returns ErrShutdown.
+// workflow versions registered with this client are claimed: a run of a
+// version no live process registers stays due, untouched, until one does.
+// Once Shutdown has begun it claims nothing and returns ErrShutdown.
 //
 // Each returned run is leased to this client and must be passed to
 // Continue; a run that is not is taken over by someone else once its lease
@@ -48,7 +49,7 @@ func (c *Client) ClaimDue(ctx context.Context, limit int) ([]*Run, error) {
 	if draining {
 		return nil, ErrShutdown
 	}
-	rows, err := c.pool.Query(ctx, claimDueSQL, limit, c.cfg.ID, c.cfg.StaleAfter, c.workflows.Names())
+	rows, err := c.pool.Query(ctx, claimDueSQL, limit, c.cfg.ID, c.cfg.StaleAfter, c.workflows.Served())
 	if err != nil {
 		return nil, fmt.Errorf("engine: claim due runs: %w", notMigrated(err))
 	}
@@ -83,4 +84,10 @@ func (c *Client) Continue(ctx context.Context, run *Run) (*Run, error) {
 // owner.
 func (c *Client) holds(run *Run) bool {
 	return run != nil && run.LeaseOwner != nil && *run.LeaseOwner == c.cfg.ID
+}
+
+// serves reports whether this client registers the version run started on.
+func (c *Client) serves(run *Run) bool {
+	_, err := c.workflows.lookupVersion(run.Workflow, run.WorkflowVersion)
+	return err == nil
 }

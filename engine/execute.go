@@ -55,6 +55,19 @@ type execution struct {
 	cause        *RunError
 	undone       map[string]bool
 	seqEnd       int
+
+	// patches are the Patched decisions of this execution, by id.
+	patches map[string]bool
+	// hooks observe the execution: the client's, or none for the deploy
+	// gate's replay.
+	hooks Hooks
+	// dry marks the deploy gate's replay, which writes nothing and runs no
+	// phase; dryEnd records that it reached the end of the journal.
+	dry, dryEnd bool
+	// replayErr is the first journaled output the gate's replay could not
+	// decode, at replaySeq.
+	replayErr error
+	replaySeq int
 }
 
 func executionFrom(ctx context.Context) (*execution, error) {
@@ -77,7 +90,8 @@ func (c *Client) execute(ctx context.Context, def definition, run *Run, journal 
 		// A cancellation asked of the run's previous executor is honoured
 		// at this one's first new phase.
 		cancelled: run.CancelRequestedAt != nil,
-		pivoted:   run.Pivot != nil, compensating: run.Status == StatusCompensating, cause: cause, undone: undone, seqEnd: len(journal)}
+		pivoted:   run.Pivot != nil, compensating: run.Status == StatusCompensating, cause: cause, undone: undone, seqEnd: len(journal),
+		patches: map[string]bool{}, hooks: c.hooks}
 	ctx = context.WithValue(ctx, executionKey{}, ex)
 	defer c.track(ex)()
 

@@ -218,6 +218,8 @@ const (
 	// KindReconcile is never journaled: it is the Wait.Kind of a run
 	// parked because a step must be reconciled by an operator.
 	KindReconcile PhaseKind = "reconcile"
+	// KindPatch marks a run that took a patched path (Patched).
+	KindPatch PhaseKind = "patch"
 )
 
 // Phase is one committed entry of a run's journal.

@@ -71,7 +71,11 @@ func Await[T any](ctx context.Context, name string, opts *AwaitOpts) (T, error) 
 	}
 	var v T
 	if err := json.Unmarshal(out.Payload, &v); err != nil {
-		return zero, steps.Permanent("invalid_signal", fmt.Errorf("signal %q (event %s): payload does not decode: %w", name, out.EventID, err))
+		err = steps.Permanent("invalid_signal", fmt.Errorf("signal %q (event %s): payload does not decode: %w", name, out.EventID, err))
+		if ex, eerr := executionFrom(ctx); eerr == nil {
+			ex.noteReplayFailure(ex.positionOf(name), err)
+		}
+		return zero, err
 	}
 	return v, nil
 }

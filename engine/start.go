@@ -125,7 +125,7 @@ func (c *Client) executeClaimed(ctx context.Context, res *StartResult) (*Run, er
 	if draining {
 		return c.handOver(ctx, res.Run)
 	}
-	def, err := c.workflows.lookup(res.Run.Workflow)
+	def, err := c.workflows.lookupVersion(res.Run.Workflow, res.Run.WorkflowVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -193,14 +193,16 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 		}
 		defer done()
 	}
-	registered, err := c.workflows.lookup(p.Workflow)
-	if err != nil {
-		return nil, err
+	if def == nil {
+		// New runs start on the workflow's start version.
+		registered, err := c.workflows.lookup(p.Workflow)
+		if err != nil {
+			return nil, err
+		}
+		def = registered
+	} else if registered, err := c.workflows.lookupVersion(p.Workflow, def.version()); err != nil || registered != def {
+		return nil, fmt.Errorf("%w: %s is registered with another definition on this client", ErrUnknownWorkflow, served(p.Workflow, def.version()))
 	}
-	if def != nil && def != registered {
-		return nil, fmt.Errorf("%w: %q is registered with another definition on this client", ErrUnknownWorkflow, p.Workflow)
-	}
-	def = registered
 	if err := checkKey(p.IdempotencyKey); err != nil {
 		return nil, err
 	}
@@ -348,17 +350,20 @@ UPDATE ratchet.runs SET ` + takeOverSet + `
 WHERE id = $1
 	AND finished_at IS NULL
 	AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+	AND workflow || '@' || workflow_version = ANY($4)
 RETURNING ` + runColumns
 
 // TakeOver takes over an unfinished run whose lease has expired or been
 // released, with a new lease token, and executes it on ctx from its
-// recovery point: committed phases return their journaled output without
-// running. A worker does this for every due run; call it to continue one
-// at once. If ctx ends first, the run is released for another executor.
+// recovery point, with the workflow version it started on: committed
+// phases return their journaled output without running. A worker does
+// this for every due run; call it to continue one at once. If ctx ends
+// first, the run is released for another executor.
 //
 // A finished run is returned as it is, with nothing executed. A run leased
-// by a live executor returns a *LeaseHeldError. An unknown id returns
-// ErrRunNotFound.
+// by a live executor returns a *LeaseHeldError; one whose workflow version
+// this client does not register returns ErrUnknownWorkflow, untouched. An
+// unknown id returns ErrRunNotFound.
 func (c *Client) TakeOver(ctx context.Context, runID string) (*Run, error) {
 	if err := checkRunID(runID); err != nil {
 		return nil, err
@@ -370,7 +375,7 @@ func (c *Client) TakeOver(ctx context.Context, runID string) (*Run, error) {
 	defer done()
 	var run *Run
 	for attempt := 0; run == nil; attempt++ {
-		claimed, ok, err := queryRun(ctx, c.pool, takeOverSQL, runID, c.cfg.ID, c.cfg.StaleAfter)
+		claimed, ok, err := queryRun(ctx, c.pool, takeOverSQL, runID, c.cfg.ID, c.cfg.StaleAfter, c.workflows.Served())
 		if err != nil {
 			return nil, fmt.Errorf("engine: take over run: %w", err)
 		}
@@ -386,6 +391,8 @@ func (c *Client) TakeOver(ctx context.Context, runID string) (*Run, error) {
 			return &lr.Run, nil
 		case lr.LeaseLive:
 			return nil, &LeaseHeldError{RunID: runID, ExpiresAt: *lr.LeaseExpiresAt}
+		case !c.serves(&lr.Run):
+			return &lr.Run, fmt.Errorf("engine: take over run %s: %w: %s is not registered here", runID, ErrUnknownWorkflow, served(lr.Workflow, lr.WorkflowVersion))
 		case attempt > 0:
 			return nil, fmt.Errorf("engine: run %s kept changing while being taken over", runID)
 		}
@@ -412,10 +419,14 @@ func (c *Client) countTakeover(ctx context.Context, run *Run) {
 // continueRun executes a run this client has just taken over, from its
 // recovery point.
 func (c *Client) continueRun(ctx context.Context, run *Run) (*Run, error) {
-	def, err := c.workflows.lookup(run.Workflow)
+	def, err := c.workflows.lookupVersion(run.Workflow, run.WorkflowVersion)
 	if err != nil {
-		// Keep the lease until it expires: a process that knows the
-		// workflow may take it over then.
+		// Not claimable here (ClaimDue and TakeOver claim only what this
+		// client serves), so only a registry changed under the client
+		// lands here: release the run for a process that serves it.
+		if _, rerr := c.release(ctx, run, "released a run of a workflow version this client does not serve"); rerr != nil {
+			return run, fmt.Errorf("engine: resume run %s: %w (and releasing it: %v)", run.ID, err, rerr)
+		}
 		return run, fmt.Errorf("engine: resume run %s: %w", run.ID, err)
 	}
 	journal, err := listPhases(ctx, c.pool, run.ID)

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"math"
 	"reflect"
-	"sort"
-	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -35,8 +33,16 @@ const (
 
 // WorkflowOpts are options for Register. A nil *WorkflowOpts is valid.
 type WorkflowOpts struct {
-	// Version is recorded with every run. Defaults to 1.
+	// Version is recorded with every run, and a run is always executed by
+	// the version it started with: register several versions of one name
+	// side by side to change a workflow while runs of the old one are in
+	// flight (docs/versioning.md). Defaults to 1.
 	Version int
+	// Drain registers the version only to finish the runs that started on
+	// it: new runs (Client.Start, the API) start on the newest version
+	// that does not drain. A typed Workflow's own Start still starts its
+	// version.
+	Drain bool
 	// Retention is how long a finished run is kept: its expires_at is set
 	// at finish, and the worker prunes it then (a key reused after that
 	// is a new request). Defaults to Retention24h.
@@ -68,6 +74,7 @@ const (
 type Workflow[In, Out any] struct {
 	name          string
 	ver           int
+	drain         bool
 	retention     time.Duration // of succeeded runs
 	failRetention time.Duration // of failed and cancelled runs
 	retry         *RetryPolicy  // nil: the client's
@@ -80,6 +87,7 @@ type Workflow[In, Out any] struct {
 type definition interface {
 	Name() string
 	version() int
+	draining() bool
 	// ttl is how long a run finishing as status is kept; nil for ever.
 	ttl(status Status) *time.Duration
 	// retryPolicy is the workflow's own retry policy, or nil.
@@ -96,6 +104,7 @@ type definition interface {
 // Name returns the name the workflow was registered under.
 func (w *Workflow[In, Out]) Name() string              { return w.name }
 func (w *Workflow[In, Out]) version() int              { return w.ver }
+func (w *Workflow[In, Out]) draining() bool            { return w.drain }
 func (w *Workflow[In, Out]) retryPolicy() *RetryPolicy { return w.retry }
 
 func (w *Workflow[In, Out]) ttl(status Status) *time.Duration {
@@ -161,26 +170,14 @@ func (w *Workflow[In, Out]) invoke(ctx context.Context, input []byte) ([]byte, e
 	return b, nil
 }
 
-// Workflows is a registry of workflow definitions, handed to a Client
-// through Config. Register every workflow before creating the client.
-type Workflows struct {
-	mu   sync.RWMutex
-	defs map[string]definition
-}
-
-// NewWorkflows returns an empty registry.
-func NewWorkflows() *Workflows {
-	return &Workflows{defs: make(map[string]definition)}
-}
-
 // Register defines a workflow named name that runs fn, and adds it to the
-// registry. Names are 1..255 characters of letters, digits, '.', '-' and '_',
-// and unique within the registry.
+// registry. Names are 1..255 characters of letters, digits, '.', '-' and
+// '_'; a (name, version) pair is unique within the registry.
 func Register[In, Out any](r *Workflows, name string, fn func(ctx context.Context, in In) (Out, error), opts *WorkflowOpts) (*Workflow[In, Out], error) {
 	if opts == nil {
 		opts = &WorkflowOpts{}
 	}
-	w := &Workflow[In, Out]{name: name, ver: opts.Version, retention: opts.Retention, failRetention: opts.FailedRetention, fn: fn,
+	w := &Workflow[In, Out]{name: name, ver: opts.Version, drain: opts.Drain, retention: opts.Retention, failRetention: opts.FailedRetention, fn: fn,
 		successStatus: opts.SuccessStatus, errorStatuses: make(map[string]int, len(opts.ErrorStatuses))}
 	for code, status := range opts.ErrorStatuses {
 		if status < 400 || status > 599 {
@@ -220,41 +217,10 @@ func Register[In, Out any](r *Workflows, name string, fn func(ctx context.Contex
 	case w.retention < 0 || w.failRetention < 0:
 		return nil, fmt.Errorf("engine: workflow %q: negative retention (RetentionForever keeps runs for ever)", name)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, dup := r.defs[name]; dup {
-		return nil, fmt.Errorf("engine: workflow %q registered twice", name)
+	if err := r.add(w); err != nil {
+		return nil, err
 	}
-	r.defs[name] = w
 	return w, nil
-}
-
-func (r *Workflows) lookup(name string) (definition, error) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	def, ok := r.defs[name]
-	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrUnknownWorkflow, name)
-	}
-	return def, nil
-}
-
-// Has reports whether a workflow named name is registered.
-func (r *Workflows) Has(name string) bool {
-	_, err := r.lookup(name)
-	return err == nil
-}
-
-// Names returns the registered workflow names in order.
-func (r *Workflows) Names() []string {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	names := make([]string, 0, len(r.defs))
-	for n := range r.defs {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
 }
 
 func validName(s string) bool {

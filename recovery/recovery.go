@@ -17,6 +17,7 @@ const (
 	DefaultPollInterval     = 500 * time.Millisecond
 	DefaultMaxExecutions    = 20
 	DefaultExecutionTimeout = 10 * time.Minute
+	DefaultAnnounceInterval = 5 * time.Second
 )
 
 // Config configures a Recoverer. The zero value of every field selects its
@@ -35,6 +36,11 @@ type Config struct {
 	// is stopped and its run released to be retried after backoff (error
 	// code "execution_timeout"). Defaults to 10 minutes.
 	ExecutionTimeout time.Duration
+	// AnnounceInterval is how often the Recoverer announces the workflow
+	// versions its engine client serves (engine.Client.Announce), each
+	// announcement lasting three intervals; it withdraws at Stop. Defaults
+	// to 5s.
+	AnnounceInterval time.Duration
 	// Logger receives the Recoverer's logs. Defaults to discarding them.
 	Logger *slog.Logger
 }
@@ -53,6 +59,9 @@ func (c *Config) withDefaults() *Config {
 	if out.ExecutionTimeout == 0 {
 		out.ExecutionTimeout = DefaultExecutionTimeout
 	}
+	if out.AnnounceInterval == 0 {
+		out.AnnounceInterval = DefaultAnnounceInterval
+	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -67,6 +76,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("recovery: MaxExecutions %d is less than 1", c.MaxExecutions)
 	case c.ExecutionTimeout < time.Second:
 		return fmt.Errorf("recovery: ExecutionTimeout %s is below 1s", c.ExecutionTimeout)
+	case c.AnnounceInterval < 10*time.Millisecond:
+		return fmt.Errorf("recovery: AnnounceInterval %s is below 10ms", c.AnnounceInterval)
 	}
 	return nil
 }
@@ -119,7 +130,8 @@ func (r *Recoverer) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop ends polling and returns when no further run will be claimed.
+// Stop ends polling and returns when no further run will be claimed; the
+// process's announcement is withdrawn.
 // Executions in progress go on: stop the engine client (Client.Shutdown)
 // to conclude them, and Wait for them.
 func (r *Recoverer) Stop() {
@@ -131,6 +143,11 @@ func (r *Recoverer) Stop() {
 	}
 	stop()
 	<-done
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := r.engine.Withdraw(ctx); err != nil {
+		r.logger.WarnContext(ctx, "recovery: withdrawing this process's announcement failed; it expires by itself", slog.String("error", err.Error()))
+	}
 }
 
 // Wait returns when every execution this Recoverer started has concluded,
@@ -160,6 +177,7 @@ func (r *Recoverer) Wait(ctx context.Context) error {
 func (r *Recoverer) loop(ctx context.Context) {
 	defer close(r.loopDone)
 	backlog := false
+	var announced time.Time
 	timer := time.NewTimer(0) // the first poll is at once
 	defer timer.Stop()
 	// timer.Reset below is safe whether or not the timer fired: since Go
@@ -174,6 +192,13 @@ func (r *Recoverer) loop(ctx context.Context) {
 			return
 		case <-timer.C:
 		case <-freed:
+		}
+		if time.Since(announced) >= r.cfg.AnnounceInterval {
+			if err := r.engine.Announce(ctx, 3*r.cfg.AnnounceInterval); err != nil && ctx.Err() == nil {
+				r.logger.WarnContext(ctx, "recovery: announcing what this process serves failed; will try again", slog.String("error", err.Error()))
+			} else {
+				announced = time.Now()
+			}
 		}
 		claimed, free, err := r.poll(ctx)
 		switch {
