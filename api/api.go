@@ -482,7 +482,18 @@ func (h *Handler) getRun(w http.ResponseWriter, r *http.Request, tenant string) 
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, newRunResource(run, phases))
+	res := newRunResource(run, phases)
+	if !run.Status.Finished() {
+		served, err := h.engine.Served(r.Context(), run)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		if !served {
+			res.Unserved = fmt.Sprintf("no live process runs %s@%d", run.Workflow, run.WorkflowVersion)
+		}
+	}
+	writeJSON(w, http.StatusOK, res)
 }
 
 func (h *Handler) listRuns(w http.ResponseWriter, r *http.Request, tenant string) {

@@ -28,6 +28,9 @@ type runResource struct {
 	// WaitingFor is what an unfinished run is parked for: the phase, and
 	// until when.
 	WaitingFor *waitResource `json:"waiting_for,omitempty"`
+	// Unserved says, for an unfinished run, that no live process serves
+	// its workflow version (engine.Client.Served): it waits until one does.
+	Unserved string `json:"unserved,omitempty"`
 	// Pivot is the run's pivot phase, once committed.
 	Pivot      *string         `json:"pivot,omitempty"`
 	CreatedAt  time.Time       `json:"created_at"`

@@ -70,25 +70,36 @@ func redactToken(pair string) string {
 	return pair[:2] + "…"
 }
 
-// newApp wires the example workflows, a worker (insert-only when work is
-// false) and the API over pool, which must be migrated and set up.
-func newApp(pool *pgxpool.Pool, f appFlags, work bool, logger *slog.Logger) (*app, error) {
+// registry is this build's workflows: the examples, each at the versions
+// it registers. serve, worker and dev run them; check-deploy checks the
+// runs in flight against them.
+func registry(pool *pgxpool.Pool, f appFlags) (*engine.Workflows, *payments.Payments, error) {
 	workflows := engine.NewWorkflows()
 	pay, err := payments.New(payments.Config{Pool: pool, GatewayURL: f.GatewayURL, MailURL: f.MailURL})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if _, err := pay.Register(workflows); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if _, err := quickstart.Register(workflows); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	payout, err := payouts.New(payouts.Config{BankURL: f.BankURL})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if _, err := payout.Register(workflows); err != nil {
+		return nil, nil, err
+	}
+	return workflows, pay, nil
+}
+
+// newApp wires the example workflows, a worker (insert-only when work is
+// false) and the API over pool, which must be migrated and set up.
+func newApp(pool *pgxpool.Pool, f appFlags, work bool, logger *slog.Logger) (*app, error) {
+	workflows, pay, err := registry(pool, f)
+	if err != nil {
 		return nil, err
 	}
 	riverWorkers := river.NewWorkers()

@@ -24,6 +24,8 @@ type cli struct {
 	Migrate migrateCmd `cmd:"" help:"Apply Ratchet's and River's migrations to the database."`
 	Fakes   fakesCmd   `cmd:"" help:"Run the fake payment gateway and mail service as their own process."`
 	Bench   benchCmd   `cmd:"" help:"Measure runs per second, round trips and commits of a plain engine against a worker's, in a scratch database."`
+
+	CheckDeploy checkDeployCmd `cmd:"" name:"check-deploy" help:"The deploy gate: replay every run in flight against this build's workflows, writing nothing; exit 1 if any cannot be finished by it."`
 }
 
 // env is what every subcommand's Run receives.
