@@ -30,6 +30,9 @@ import (
 //
 //	out: READY <lease owner id> | AT <point> <key> | DONE <key> <status or error> | STOPPED
 //	in:  go (release one paused point) | start <key> [pause point]
+//
+// ORDER_VERSIONS=1,2 makes the process a new build: "order" v1 draining
+// beside v2.
 func TestMain(m *testing.M) { testproc.Main(m, helperMain) }
 
 // startProc starts a helper process with env added and waits for READY.
@@ -95,6 +98,16 @@ func (p *pauser) at(ctx context.Context, point, key string) error {
 // post (atomic). Atomic phases insert a row into effects, so a phase run
 // twice shows as two rows.
 func addOrderFlow(workflows *engine.Workflows, gatewayURL string, p *pauser) error {
+	return addOrderVersion(workflows, gatewayURL, p, nil)
+}
+
+// addOrderVersion registers "order" with opts: version 2 checks the order
+// (atomic phase "checked") between its reservation and its charge.
+func addOrderVersion(workflows *engine.Workflows, gatewayURL string, p *pauser, opts *engine.WorkflowOpts) error {
+	version := 1
+	if opts != nil && opts.Version > 0 {
+		version = opts.Version
+	}
 	gw := &fakes.GatewayClient{BaseURL: gatewayURL, HTTP: steps.NewClient(nil)}
 	effect := func(ctx context.Context, tx pgx.Tx, key, phase string) error {
 		_, err := tx.Exec(ctx, `INSERT INTO effects (order_key, phase, pid) VALUES ($1, $2, $3)`, key, phase, os.Getpid())
@@ -112,6 +125,16 @@ func addOrderFlow(workflows *engine.Workflows, gatewayURL string, p *pauser) err
 		}
 		if err := p.at(ctx, "reserved.after-commit", in.Key); err != nil {
 			return none, err
+		}
+		if version >= 2 {
+			if _, err := engine.Atomic(ctx, "checked", func(ctx context.Context, tx pgx.Tx) (struct{}, error) {
+				return struct{}{}, effect(ctx, tx, in.Key, "checked")
+			}, nil); err != nil {
+				return none, err
+			}
+			if err := p.at(ctx, "checked.after-commit", in.Key); err != nil {
+				return none, err
+			}
 		}
 		ch, err := engine.Step(ctx, "charged", func(ctx context.Context, _ steps.Key) (fakes.Charge, error) {
 			ch, err := gw.Charge(ctx, fakes.ChargeRequest{Amount: in.Amount, Currency: "usd", Customer: in.Customer})
@@ -143,7 +166,7 @@ func addOrderFlow(workflows *engine.Workflows, gatewayURL string, p *pauser) err
 			return none, err
 		}
 		return ch, p.at(ctx, "posted.after-commit", in.Key)
-	}, nil)
+	}, opts)
 	return err
 }
 
@@ -205,8 +228,20 @@ func helperMain() error {
 		}
 	}
 	workflows := engine.NewWorkflows()
-	if err := addOrderFlow(workflows, os.Getenv("GATEWAY_URL"), p); err != nil {
-		return err
+	switch os.Getenv("ORDER_VERSIONS") {
+	case "", "1":
+		if err := addOrderFlow(workflows, os.Getenv("GATEWAY_URL"), p); err != nil {
+			return err
+		}
+	case "1,2": // the new build: v1 drains, new runs start on v2
+		if err := addOrderVersion(workflows, os.Getenv("GATEWAY_URL"), p, &engine.WorkflowOpts{Version: 1, Drain: true}); err != nil {
+			return err
+		}
+		if err := addOrderVersion(workflows, os.Getenv("GATEWAY_URL"), p, &engine.WorkflowOpts{Version: 2}); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("ORDER_VERSIONS %q: want 1 or 1,2", os.Getenv("ORDER_VERSIONS"))
 	}
 	if err := addApprovalFlow(workflows); err != nil {
 		return err
