@@ -52,7 +52,7 @@ func TestCheckDeployFailsTheDeployAndSaysWhy(t *testing.T) {
 	url := testdb.NewURL(t)
 	inFlight(t, url, "01KAAAAAAAAAAAAAAAAAAAAAA1", 1, "payment_created")
 	inFlight(t, url, "01KAAAAAAAAAAAAAAAAAAAAAA2", 1, "payment_created", "refund_created") // not this build's phase
-	inFlight(t, url, "01KAAAAAAAAAAAAAAAAAAAAAA3", 7)                                       // a version it does not register
+	inFlight(t, url, "01KAAAAAAAAAAAAAAAAAAAAAA3", 7)                                      // a version it does not register
 
 	out, errOut, code := checkDeploy(t, url)
 	require.Equal(t, 1, code)
