@@ -25,13 +25,39 @@ import (
 	"github.com/ratchet-run/ratchet/internal/testdb"
 )
 
-// buildCrashBinary builds the command with crash points compiled in.
+// crashBinary is the command built once with crash points compiled in,
+// for every test of the package: a build is the costliest thing they do,
+// and the suite's timed recovery tests run beside them.
+var crashBinary struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if crashBinary.dir != "" {
+		os.RemoveAll(crashBinary.dir)
+	}
+	os.Exit(code)
+}
+
+// buildCrashBinary returns the command with crash points compiled in.
 func buildCrashBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "ratchet")
-	out, err := exec.Command("go", "build", "-tags", "crashpoints", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	return bin
+	crashBinary.once.Do(func() {
+		if crashBinary.dir, crashBinary.err = os.MkdirTemp("", "ratchet-crash"); crashBinary.err != nil {
+			return
+		}
+		crashBinary.path = filepath.Join(crashBinary.dir, "ratchet")
+		out, err := exec.Command("go", "build", "-tags", "crashpoints", "-o", crashBinary.path, ".").CombinedOutput()
+		if err != nil {
+			crashBinary.err = fmt.Errorf("%w: %s", err, out)
+		}
+	})
+	require.NoError(t, crashBinary.err)
+	return crashBinary.path
 }
 
 // service is a ratchet process seen from the test.
