@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -477,23 +478,18 @@ func (h *Handler) getRun(w http.ResponseWriter, r *http.Request, tenant string) 
 		h.fail(w, r, err)
 		return
 	}
+	if !run.Status.Finished() {
+		if run, err = h.engine.Why(r.Context(), run.ID); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
 	phases, err := h.engine.Phases(r.Context(), run.ID)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	res := newRunResource(run, phases)
-	if !run.Status.Finished() {
-		served, err := h.engine.Served(r.Context(), run)
-		if err != nil {
-			h.fail(w, r, err)
-			return
-		}
-		if !served {
-			res.Unserved = fmt.Sprintf("no live process runs %s@%d", run.Workflow, run.WorkflowVersion)
-		}
-	}
-	writeJSON(w, http.StatusOK, res)
+	writeJSON(w, http.StatusOK, newRunResource(run, phases))
 }
 
 func (h *Handler) listRuns(w http.ResponseWriter, r *http.Request, tenant string) {
@@ -512,6 +508,10 @@ func (h *Handler) listRuns(w http.ResponseWriter, r *http.Request, tenant string
 			return
 		}
 		p.Limit = n
+	}
+	if p.Blocked = engine.BlockedReason(q.Get("blocked")); p.Blocked != "" && !slices.Contains(engine.BlockedReasons(), p.Blocked) {
+		bad(fmt.Sprintf("blocked must be one of %v", engine.BlockedReasons()))
+		return
 	}
 	switch p.Status {
 	case "", engine.StatusPending, engine.StatusRunning, engine.StatusWaiting, engine.StatusCompensating,

@@ -28,9 +28,12 @@ type runResource struct {
 	// WaitingFor is what an unfinished run is parked for: the phase, and
 	// until when.
 	WaitingFor *waitResource `json:"waiting_for,omitempty"`
-	// Unserved says, for an unfinished run, that no live process serves
-	// its workflow version (engine.Client.Served): it waits until one does.
-	Unserved string `json:"unserved,omitempty"`
+	// Blocked says what an unfinished run waits for and what will move
+	// it (engine.Blocked).
+	Blocked *engine.Blocked `json:"blocked,omitempty"`
+	// ErrorStreak counts the retryable failures in a row with the same
+	// error.
+	ErrorStreak int `json:"error_streak,omitempty"`
 	// Pivot is the run's pivot phase, once committed.
 	Pivot      *string         `json:"pivot,omitempty"`
 	CreatedAt  time.Time       `json:"created_at"`
@@ -79,8 +82,11 @@ func newRunResource(r *engine.Run, phases []engine.Phase) runResource {
 	res := runResource{
 		ID: r.ID, Workflow: r.Workflow, WorkflowVersion: r.WorkflowVersion, IdempotencyKey: r.IdempotencyKey,
 		Status: r.Status, RecoveryPoint: r.RecoveryPoint, Attempt: r.Attempt, Output: r.Output, Error: r.Error,
-		NextAttemptAt: r.NextAttemptAt, CancelRequestedAt: r.CancelRequestedAt, Pivot: r.Pivot,
+		NextAttemptAt: r.NextAttemptAt, CancelRequestedAt: r.CancelRequestedAt, Pivot: r.Pivot, Blocked: r.Blocked,
 		CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(), FinishedAt: utc(r.FinishedAt), ExpiresAt: utc(r.ExpiresAt),
+	}
+	if !r.Status.Finished() {
+		res.ErrorStreak = r.ErrorStreak
 	}
 	if w := r.WaitingFor; w != nil && !r.Status.Finished() {
 		res.WaitingFor = &waitResource{Kind: w.Kind, Phase: w.Phase, Until: utc(w.Until), Reason: w.Reason, Error: w.Error,

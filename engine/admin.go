@@ -248,6 +248,8 @@ type ListParams struct {
 	IdempotencyKey string
 	// ChildKey finds the run whose step sent this child key downstream.
 	ChildKey string
+	// Blocked keeps the unfinished runs blocked for this reason.
+	Blocked BlockedReason
 	// After continues a listing: runs older than this id. Runs are listed
 	// newest first, by id, so rows inserted meanwhile neither shift nor
 	// repeat the pages.
@@ -256,17 +258,19 @@ type ListParams struct {
 	Limit int
 }
 
-const listRunsSQL = `SELECT ` + runColumns + ` FROM ratchet.runs
+const listRunsSQL = `SELECT ` + runColumns + `, ` + blockedReasonSQL + ` AS blocked_reason FROM ratchet.runs r
 WHERE tenant = $1
 	AND ($2 = '' OR workflow = $2)
 	AND ($3 = '' OR status = $3)
 	AND ($4 = '' OR idempotency_key = $4)
 	AND ($5 = '' OR id IN (SELECT run_id FROM ratchet.phases WHERE child_key = $5))
 	AND ($6 = '' OR id < $6)
+	AND ($8 = '' OR ` + blockedReasonSQL + ` = $8)
 ORDER BY id DESC
 LIMIT $7`
 
-// ListRuns returns a page of the tenant's runs, newest first.
+// ListRuns returns a page of the tenant's runs, newest first, each
+// unfinished one with its Blocked set.
 func (c *Client) ListRuns(ctx context.Context, p ListParams) ([]Run, error) {
 	if p.Tenant == "" {
 		p.Tenant = DefaultTenant
@@ -279,19 +283,23 @@ func (c *Client) ListRuns(ctx context.Context, p ListParams) ([]Run, error) {
 	}
 	for _, f := range []struct{ name, value string }{
 		{"tenant", p.Tenant}, {"workflow", p.Workflow}, {"status", string(p.Status)},
-		{"idempotency_key", p.IdempotencyKey}, {"child_key", p.ChildKey}, {"after", p.After},
+		{"idempotency_key", p.IdempotencyKey}, {"child_key", p.ChildKey}, {"after", p.After}, {"blocked", string(p.Blocked)},
 	} {
 		if !utf8.ValidString(f.value) || strings.ContainsRune(f.value, 0) {
 			return nil, fmt.Errorf("%w: %s is not valid UTF-8 text without U+0000", ErrInvalidListParams, f.name)
 		}
 	}
-	rows, err := c.pool.Query(ctx, listRunsSQL, p.Tenant, p.Workflow, string(p.Status), p.IdempotencyKey, p.ChildKey, p.After, p.Limit)
+	rows, err := c.pool.Query(ctx, listRunsSQL, p.Tenant, p.Workflow, string(p.Status), p.IdempotencyKey, p.ChildKey, p.After, p.Limit, string(p.Blocked))
 	if err != nil {
 		return nil, fmt.Errorf("engine: list runs: %w", notMigrated(err))
 	}
-	runs, err := pgx.CollectRows(rows, pgx.RowToStructByName[Run])
+	viewed, err := pgx.CollectRows(rows, pgx.RowToStructByName[viewedRun])
 	if err != nil {
 		return nil, fmt.Errorf("engine: list runs: %w", err)
+	}
+	runs := make([]Run, len(viewed))
+	for i := range viewed {
+		runs[i] = *viewed[i].run()
 	}
 	return runs, nil
 }

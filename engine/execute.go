@@ -282,6 +282,11 @@ const retrySQL = `
 UPDATE ratchet.runs SET
 	lease_token = lease_token + 1,
 	status = ` + releasedStatus + `,
+	-- The same error: the same code, and the same message but for its
+	-- numbers (attempts, durations).
+	error_streak = CASE WHEN error->>'code' = $3::jsonb->>'code'
+			AND regexp_replace(error->>'message', '[0-9.]+', '', 'g') = regexp_replace($3::jsonb->>'message', '[0-9.]+', '', 'g')
+		THEN error_streak + 1 ELSE 1 END,
 	error = $3,
 	next_attempt_at = now() + $4::interval,
 	lease_owner = NULL,

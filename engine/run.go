@@ -78,6 +78,13 @@ type Run struct {
 	// Pivot names the run's pivot phase once it has committed: from then
 	// on the run no longer compensates, and a cancellation is refused.
 	Pivot *string `db:"pivot"`
+	// ErrorStreak counts the retryable failures in a row with the same
+	// error (code and message) as Error.
+	ErrorStreak int `db:"error_streak"`
+	// Blocked says what an unfinished run waits for and what will move
+	// it. Set by GetRun's siblings that read it (Why, ListRuns); nil
+	// elsewhere and for a finished run.
+	Blocked *Blocked `db:"-"`
 }
 
 // Wait describes what a run is parked for.
@@ -117,7 +124,7 @@ type Wait struct {
 const runColumns = `id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
 	status, recovery_point, lease_owner, lease_token, lease_expires_at, attempt, next_attempt_at,
 	output, error, response_status, traceparent, created_at, updated_at, finished_at, expires_at,
-	cancel_requested_at, due_at, waiting_for, pivot`
+	cancel_requested_at, due_at, waiting_for, pivot, error_streak`
 
 // dbtx is what both a pool and a transaction offer.
 type dbtx interface {
