@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/ratchet-run/ratchet/engine"
 	"github.com/ratchet-run/ratchet/internal/fakes"
@@ -160,4 +161,37 @@ func TestEveryBlockedReasonFromARealSituation(t *testing.T) {
 	require.Positive(t, summary.OldestDue)
 	require.Equal(t, 2, summary.LongestStreak)
 	require.Len(t, engine.BlockedReasons(), 10)
+}
+
+// The run gauges report what BlockedSummary counts.
+func TestRunGaugesReportRunsByBlockedReason(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	o := observe(t)
+	workflows := engine.NewWorkflows()
+	_, err := engine.Register(workflows, "nap", func(ctx context.Context, _ struct{}) (string, error) {
+		return "", engine.Sleep(ctx, "napped", time.Hour)
+	}, nil)
+	require.NoError(t, err)
+	c := b.client(t, workflows, &engine.Config{MeterProvider: o.mp, RunGauges: true})
+	for _, key := range []string{"a", "b"} {
+		_, err := c.Start(context.Background(), engine.StartParams{Workflow: "nap", IdempotencyKey: key, Input: []byte(`{}`)})
+		require.NoError(t, err)
+	}
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, o.reader.Collect(context.Background(), &rm))
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if g, ok := m.Data.(metricdata.Gauge[int64]); ok && m.Name == "ratchet.runs.blocked" {
+				for _, dp := range g.DataPoints {
+					reason, _ := dp.Attributes.Value("ratchet.blocked_reason")
+					got[reason.AsString()] = dp.Value
+				}
+			}
+		}
+	}
+	require.Equal(t, int64(2), got["timer"])
+	require.Equal(t, int64(0), got["due"])
+	require.Len(t, got, len(engine.BlockedReasons()), "every reason is reported, zeros included")
 }

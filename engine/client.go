@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/oklog/ulid/v2"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
@@ -77,6 +78,13 @@ type Config struct {
 	// MeterProvider makes the engine's metrics. Defaults to OpenTelemetry's
 	// global provider.
 	MeterProvider metric.MeterProvider
+
+	// RunGauges reports, on MeterProvider, the unfinished runs by blocked
+	// reason, the oldest due-but-untaken age and the longest same-error
+	// streak (BlockedSummary, at most every 10s, when metrics are
+	// collected). The figures are global: enable them on one process, or
+	// aggregate with max. Defaults to off.
+	RunGauges bool
 
 	// Logger receives the engine's logs. Defaults to discarding them.
 	Logger *slog.Logger
@@ -176,7 +184,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if cfg.MaxInline > 0 {
 		inline = make(chan struct{}, cfg.MaxInline)
 	}
-	return &Client{
+	c := &Client{
 		pool: pool, cfg: cfg, workflows: cfg.Workflows, logger: cfg.Logger, executions: map[*execution]struct{}{}, inline: inline,
 		tel: tel, hooks: hooks,
 		// An executor paused inside a phase's transaction (a "zombie") may
@@ -185,7 +193,17 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		// transaction for StaleAfter; the zombie's commit then fails. Sent
 		// with BEGIN as one simple-protocol message: no extra round trip.
 		beginPhase: fmt.Sprintf("BEGIN; SET LOCAL idle_in_transaction_session_timeout = %d", cfg.StaleAfter.Milliseconds()),
-	}, nil
+	}
+	if cfg.RunGauges {
+		mp := cfg.MeterProvider
+		if mp == nil {
+			mp = otel.GetMeterProvider()
+		}
+		if err := c.registerRunGauges(mp); err != nil {
+			return nil, fmt.Errorf("engine: run gauges: %w", err)
+		}
+	}
+	return c, nil
 }
 
 // ID returns the lease owner name of this client.

@@ -34,7 +34,7 @@ type appFlags struct {
 // wires (workflows, River workers, logger): enough to size the pool.
 func workerConfig(f appFlags, work bool) *worker.Config {
 	return &worker.Config{
-		Engine:     engine.Config{StaleAfter: f.StaleAfter, MaxInline: f.MaxInline},
+		Engine:     engine.Config{StaleAfter: f.StaleAfter, MaxInline: f.MaxInline, RunGauges: work},
 		InsertOnly: !work,
 		Queues:     map[string]river.QueueConfig{payments.QueueReceipts: {MaxWorkers: 10}},
 	}
