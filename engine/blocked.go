@@ -145,7 +145,9 @@ func describe(run *Run, reason BlockedReason) *Blocked {
 			b.Detail += "; it times out at " + w.Until.UTC().Format(time.RFC3339)
 		}
 	case BlockedUnserved:
-		b.Since = run.DueAt
+		if run.DueAt != nil && run.DueAt.Before(time.Now()) {
+			b.Since = run.DueAt // due, and nobody can take it
+		}
 		b.Detail = fmt.Sprintf("no live process runs %s: it waits until one that registers it starts", served(run.Workflow, run.WorkflowVersion))
 	case BlockedBackingOff:
 		b.Until, b.Error, b.Streak = run.NextAttemptAt, run.Error, run.ErrorStreak

@@ -25,6 +25,7 @@ type cli struct {
 	Fakes   fakesCmd   `cmd:"" help:"Run the fake payment gateway and mail service as their own process."`
 	Bench   benchCmd   `cmd:"" help:"Measure runs per second, round trips and commits of a plain engine against a worker's, in a scratch database."`
 
+	Runs        runsCmd        `cmd:"" help:"Look at runs and act on them, over the API (--server, RATCHET_TOKEN): list, show, why, cancel, resume, signal."`
 	CheckDeploy checkDeployCmd `cmd:"" name:"check-deploy" help:"The deploy gate: replay every run in flight against this build's workflows, writing nothing; exit 1 if any cannot be finished by it."`
 }
 
