@@ -171,6 +171,8 @@ func New(cfg *Config) (*Handler, error) {
 	route("POST /v1/runs/{id}/resume", h.authed(h.resumeRun))
 	route("POST /v1/runs/{id}/signals/{name}", h.authed(h.signalRun))
 	route("POST /v1/signals/{name}", h.authed(h.signalByKey))
+	route("GET /ui/", uiHandler(prefix))
+	route("GET /ui", http.RedirectHandler(prefix+"/ui/", http.StatusMovedPermanently))
 
 	mp := c.MeterProvider
 	if mp == nil {
@@ -489,7 +491,9 @@ func (h *Handler) getRun(w http.ResponseWriter, r *http.Request, tenant string) 
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, newRunResource(run, phases))
+	res := newRunResource(run, phases)
+	res.Input = run.Input // the run's page shows it; a start's answer does not
+	writeJSON(w, http.StatusOK, res)
 }
 
 func (h *Handler) listRuns(w http.ResponseWriter, r *http.Request, tenant string) {

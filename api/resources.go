@@ -20,6 +20,7 @@ type runResource struct {
 	Status            engine.Status    `json:"status"`
 	RecoveryPoint     string           `json:"recovery_point"`
 	Attempt           int              `json:"attempt"`
+	Input             json.RawMessage  `json:"input,omitempty"`
 	Output            json.RawMessage  `json:"output,omitempty"`
 	Error             *engine.RunError `json:"error,omitempty"`
 	Lease             *leaseResource   `json:"lease,omitempty"`

@@ -112,6 +112,7 @@ func (c *devCmd) Run(e *env) error {
 	out("")
 	out("Ratchet is running:")
 	out("  API           %s  (no authentication: tenant \"default\")", base)
+	out("  runs page     %s/ui/  (and: ratchet runs list --server %s)", base, base)
 	out("  worker        resumes crashed runs after %s, delivers receipts", c.StaleAfter)
 	out("  fake gateway  http://%s/stats", gwLn.Addr())
 	out("  fake mail     http://%s/stats", mailLn.Addr())

@@ -62,7 +62,7 @@ func TestDevServesThePaymentDemo(t *testing.T) {
 	out, code := runUntil(t, "ready; Ctrl-C stops", "dev", "--database-url", testdb.NewURL(t), "--addr", "127.0.0.1:0")
 	require.Equal(t, 0, code, out)
 	for _, want := range []string{
-		"Ratchet is running", "curl -i -X POST http://127.0.0.1:",
+		"Ratchet is running", "curl -i -X POST http://127.0.0.1:", "/ui/  (and: ratchet runs list --server http://127.0.0.1:",
 		"1. payment with Idempotency-Key", "-> 201", `"status":"succeeded"`,
 		"2. the same request again -> 201, Idempotent-Replayed: true, body identical: true",
 		"3. the same key, another amount -> 422",
