@@ -77,6 +77,10 @@ type phaseResource struct {
 	FinishedAt time.Time        `json:"finished_at"`
 	// Compensable says that the phase registered an undo.
 	Compensable bool `json:"compensable,omitempty"`
+	// Execution is the run's attempt that committed the phase; Replayed
+	// says that a later execution replayed it from the journal.
+	Execution int  `json:"execution,omitempty"`
+	Replayed  bool `json:"replayed"`
 }
 
 func newRunResource(r *engine.Run, phases []engine.Phase) runResource {
@@ -107,6 +111,7 @@ func newRunResource(r *engine.Run, phases []engine.Phase) runResource {
 		res.Phases = append(res.Phases, phaseResource{
 			Seq: p.Seq, Name: p.Name, Kind: p.Kind, Status: status, ChildKey: p.ChildKey, Attempts: p.Attempts,
 			Output: p.Output, Error: p.Error, StartedAt: p.StartedAt.UTC(), FinishedAt: p.FinishedAt.UTC(), Compensable: p.Compensable,
+			Execution: p.Execution, Replayed: p.Execution > 0 && r.Attempt > p.Execution,
 		})
 	}
 	return res

@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
@@ -79,16 +80,21 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	start := func(workflow, key, body string) string {
 		r := b.start(t, workflow, key, body, "Authorization", "Bearer tok")
 		require.Less(t, r.status, 500, "%s", r)
-		return decode[struct {
+		got := decode[struct {
 			ID    string `json:"id"`
 			RunID string `json:"run_id"` // a failed run's problem
-		}](t, r).ID
+		}](t, r)
+		return cmp.Or(got.ID, got.RunID)
 	}
 	start("echo", "e1", `{"value":"a"}`)
 	napID := start("nap", "n1", `{"value":"parcel-7"}`)
 	start("approval", "a1", `{"value":"tr_9"}`)
-	start("pay", "p1", `{"customer":"cus_declined","amount":5}`)
+	declinedID := start("pay", "p1", `{"customer":"cus_declined","amount":5}`)
+	chargeID := start("charge", "c1", `{"customer":"cus_1","amount":12}`)
+	compensatedID := start("saga", "s1", `{"customer":"cus_closed","amount":5}`)
+	approvalID := start("saga", "s2", `{"customer":"cus_2","amount":9}`)
 	require.NoError(t, b.engine.Announce(context.Background(), time.Minute))
+	const all = 7
 
 	rows := func(sel string) int {
 		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](fmt.Sprintf(`document.querySelectorAll(%q).length`, sel)))
@@ -113,15 +119,25 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 		chromedp.SetValue(chromedp.CSS(`#token`), "tok"),
 		chromedp.Click(chromedp.CSS(`#token-form button`)),
 		chromedp.WaitVisible(chromedp.CSS(`tr.run-row`))))
-	require.Equal(t, 4, rows(`tr.run-row`))
+	require.Equal(t, all, rows(`tr.run-row`))
+
+	// The blocked-reason filter offers every reason the engine decides.
+	options, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
+		`[...document.querySelectorAll("#filter-blocked option")].map((o) => o.value).filter(Boolean)`))
+	require.NoError(t, err)
+	var want []string
+	for _, r := range engine.BlockedReasons() {
+		want = append(want, string(r))
+	}
+	require.ElementsMatch(t, want, options)
 
 	// Filters: waiting runs, then those blocked by a timer.
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.SetValue(chromedp.CSS(`#filter-status`), "waiting"),
 		chromedp.Click(chromedp.CSS(`#apply`)),
 		chromedp.WaitNotPresent(chromedp.CSS(`tr.run-row[data-status="succeeded"]`))))
-	require.Eventually(t, func() bool { return rows(`tr.run-row`) == 2 }, 10*time.Second, 50*time.Millisecond)
-	require.Equal(t, 2, rows(`tr.run-row[data-status="waiting"]`))
+	require.Eventually(t, func() bool { return rows(`tr.run-row`) == 3 }, 10*time.Second, 50*time.Millisecond)
+	require.Equal(t, 3, rows(`tr.run-row[data-status="waiting"]`))
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.SetValue(chromedp.CSS(`#filter-status`), ""),
 		chromedp.SetValue(chromedp.CSS(`#filter-blocked`), "timer"),
@@ -154,7 +170,100 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusCancelled, run.Status)
 
+	// Filters by workflow, by idempotency key and by a step's child key.
+	filter := func(field, value string) {
+		t.Helper()
+		_, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.hash = "#/"`))
+		require.NoError(t, err)
+		// The unfiltered list, in a form with nothing filled in.
+		require.Eventually(t, func() bool {
+			blank, err := chromedp.Run(ctx, chromedp.Evaluate[bool](
+				`[...document.querySelectorAll("#filters input, #filters select")].every((el) => el.value === "")`))
+			return err == nil && blank && rows(`tr.run-row`) == all
+		}, 10*time.Second, 50*time.Millisecond)
+		require.NoError(t, chromedp.Do(ctx,
+			chromedp.SetValue(chromedp.CSS(`#filter-`+field), value),
+			chromedp.Click(chromedp.CSS(`#apply`))))
+	}
+	only := func(id string) func() bool {
+		return func() bool { return rows(`tr.run-row`) == 1 && rows(`tr.run-row[data-id="`+id+`"]`) == 1 }
+	}
+	filter("workflow", "charge")
+	require.Eventually(t, only(chargeID), 10*time.Second, 50*time.Millisecond)
+	filter("idempotency_key", "p1")
+	require.Eventually(t, only(declinedID), 10*time.Second, 50*time.Millisecond)
+	phases, err := b.engine.Phases(context.Background(), chargeID)
+	require.NoError(t, err)
+	require.Len(t, phases, 1)
+	filter("child_key", *phases[0].ChildKey)
+	require.Eventually(t, only(chargeID), 10*time.Second, 50*time.Millisecond)
+
+	open := func(id string) {
+		t.Helper()
+		_, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.hash = "#/runs/`+id+`"`))
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			shown, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.getElementById("run-id") || {}).textContent || ""`))
+			return err == nil && shown == id
+		}, 10*time.Second, 50*time.Millisecond)
+	}
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		require.NoError(t, err)
+		return s
+	}
+
+	// A step's page shows its child key on the timeline.
+	open(chargeID)
+	require.Contains(t, text(`.phase-row[data-kind="step"]`), *phases[0].ChildKey)
+
+	// A compensated saga: the cause, the decision and each undo on the
+	// timeline.
+	open(compensatedID)
+	require.Contains(t, text(`#run-error`), "account_closed")
+	require.Equal(t, 2, rows(`.phase-row[data-kind="compensation"]`), "undo and undo:charged")
+	require.Equal(t, 1, rows(`.phase-row[data-name="undo:charged"] .tl-bar.compensation`))
+
+	// A run awaiting a signal: the button delivers it, and the run waits
+	// for a worker; a worker's execution then replays the charge.
+	open(approvalID)
+	require.Equal(t, "signal", attr(t, ctx, `#why`, "data-reason"))
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.SetValue(chromedp.CSS(`#signal-event`), "evt_ui_1"),
+		chromedp.SetValue(chromedp.CSS(`#signal-payload`), `"yes"`),
+		chromedp.Click(chromedp.CSS(`#signal`))))
+	require.Eventually(t, func() bool { return text(`#action-result`) == "Signal delivered." }, 10*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool { return attr(t, ctx, `#why`, "data-reason") == "due" }, 10*time.Second, 50*time.Millisecond)
+	run, err = b.engine.TakeOver(context.Background(), approvalID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, run.Status)
+	open(declinedID) // away and back: the page reloads the run
+	open(approvalID)
+	require.Equal(t, 1, rows(`.phase-row[data-name="charged"][data-replayed="1"]`), "the charge was replayed by the second execution")
+	require.Equal(t, 1, rows(`.phase-row[data-name="ledger_posted"][data-replayed="0"]`))
+	require.Contains(t, text(`.phase-row[data-name="charged"] .tl-meta`), "exec 1")
+
+	// A failed run: its error, and Resume runs it again (the card is
+	// still declined, so it fails again, in a second execution).
+	open(declinedID)
+	require.Contains(t, text(`#run-error`), "card_declined")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#resume`))))
+	require.Eventually(t, func() bool { return text(`#action-result`) == "Resumed." }, 10*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool {
+		run, err := b.engine.GetRun(context.Background(), declinedID)
+		require.NoError(t, err)
+		return run.Attempt == 2 && run.Status == engine.StatusFailed
+	}, 10*time.Second, 20*time.Millisecond)
+
 	require.Empty(t, consoleProblems(), "no console errors or exceptions")
+}
+
+func attr(t *testing.T, ctx context.Context, sel, name string) string {
+	t.Helper()
+	v, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(sel), name))
+	require.NoError(t, err)
+	return v.Value
 }
 
 func TestThePageIsServedWithoutATokenAndItsDataIsNot(t *testing.T) {

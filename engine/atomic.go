@@ -189,10 +189,10 @@ WITH advanced AS (
 		pivot = CASE WHEN $13 THEN $3 ELSE pivot END
 	WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
 		AND (cancel_requested_at IS NULL OR $11)
-	RETURNING id, cancel_requested_at IS NOT NULL AS cancel
+	RETURNING id, attempt, cancel_requested_at IS NOT NULL AS cancel
 ), journaled AS (
-	INSERT INTO ratchet.phases (run_id, seq, name, kind, output, child_key, attempts, error, started_at, finished_at, compensable)
-	SELECT id, $4, $3, $5, $6, $7, $8, $9, coalesce($10, now()), clock_timestamp(), $12 FROM advanced
+	INSERT INTO ratchet.phases (run_id, seq, name, kind, output, child_key, attempts, error, started_at, finished_at, compensable, execution)
+	SELECT id, $4, $3, $5, $6, $7, $8, $9, coalesce($10, now()), clock_timestamp(), $12, attempt FROM advanced
 	RETURNING 1
 )
 SELECT committed, coalesce((SELECT cancel FROM advanced), false),

@@ -158,10 +158,10 @@ const beginCompensationSQL = `
 WITH advanced AS (
 	UPDATE ratchet.runs SET status = 'compensating', error = $5, recovery_point = $3, waiting_for = NULL, updated_at = now()
 	WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL AND pivot IS NULL
-	RETURNING id
+	RETURNING id, attempt
 )
-INSERT INTO ratchet.phases (run_id, seq, name, kind, output, attempts, started_at, finished_at)
-SELECT id, $4, $3, 'compensation', $6, 1, now(), clock_timestamp() FROM advanced`
+INSERT INTO ratchet.phases (run_id, seq, name, kind, output, attempts, started_at, finished_at, execution)
+SELECT id, $4, $3, 'compensation', $6, 1, now(), clock_timestamp(), attempt FROM advanced`
 
 // compensate undoes the run's compensable phases, newest first, each as
 // its own journaled phase. It returns nil when all are undone (conclude

@@ -96,7 +96,7 @@ func (noHooks) Phase(ctx context.Context, _ PhaseInfo) (context.Context, func(er
 const gateRunsSQL = `SELECT ` + runColumns + ` FROM ratchet.runs
 WHERE finished_at IS NULL AND id > $1 ORDER BY id LIMIT $2`
 
-const gatePhasesSQL = `SELECT run_id, seq, name, kind, output, child_key, attempts, error, started_at, finished_at, compensable
+const gatePhasesSQL = `SELECT ` + phaseColumns + `
 FROM ratchet.phases WHERE run_id = ANY($1) ORDER BY run_id, seq`
 
 // gatePage is how many runs the gate reads per round trip.

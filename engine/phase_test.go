@@ -187,3 +187,36 @@ func TestAnAtomicPhasesPermanentFailureIsReplayed(t *testing.T) {
 	require.Equal(t, 0, b.counter(t, "checked"), "the failed phase's writes rolled back, and it did not run again")
 	require.Equal(t, 1, b.counter(t, "recorded"))
 }
+
+// Each phase records the execution that committed it: a run taken over
+// after a crash replays the first execution's phases and commits the rest
+// under its own attempt number.
+func TestAPhaseRecordsTheExecutionThatCommittedIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	workflows := engine.NewWorkflows()
+	_, err := engine.Register(workflows, "two", func(ctx context.Context, _ struct{}) (int, error) {
+		for _, name := range []string{"first", "second"} {
+			if _, err := engine.Atomic(ctx, name, func(ctx context.Context, tx pgx.Tx) (int, error) {
+				return bump(ctx, tx, name)
+			}, nil); err != nil {
+				return 0, err
+			}
+		}
+		return 0, nil
+	}, nil)
+	require.NoError(t, err)
+	c := b.client(t, workflows, nil)
+	ctx := context.Background()
+	res, err := c.Start(enginetest.CrashAfter(ctx, "first"), engine.StartParams{Workflow: "two", IdempotencyKey: "k", Input: []byte(`{}`)})
+	require.ErrorIs(t, err, enginetest.ErrCrashed)
+	b.expireLease(t, res.Run.ID)
+	run, err := c.TakeOver(ctx, res.Run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, run.Status)
+	require.Equal(t, 2, run.Attempt)
+	phases := enginetest.RequirePhases(t, c, run.ID, "first", "second")
+	require.Equal(t, 1, phases[0].Execution, "committed by the crashed execution, replayed by the second")
+	require.Equal(t, 2, phases[1].Execution)
+	require.Equal(t, 1, b.counter(t, "first"))
+}

@@ -244,9 +244,17 @@ type Phase struct {
 	// Compensable is set when the phase committed with an undo
 	// registered (StepOpts.Compensate, AtomicOpts.Compensate).
 	Compensable bool `db:"compensable"`
+	// Execution is the run's attempt (Run.Attempt) that committed the
+	// phase; every later execution replayed it from the journal. Zero for
+	// a phase committed before Ratchet recorded it.
+	Execution int `db:"execution"`
 }
 
-const listPhasesSQL = `SELECT run_id, seq, name, kind, output, child_key, attempts, error, started_at, finished_at, compensable
+// phaseColumns are what a Phase is read from.
+const phaseColumns = `run_id, seq, name, kind, output, child_key, attempts, error, started_at, finished_at, compensable,
+	coalesce(execution, 0) AS execution`
+
+const listPhasesSQL = `SELECT ` + phaseColumns + `
 FROM ratchet.phases WHERE run_id = $1 ORDER BY seq`
 
 // Phases returns a run's journal in order.

@@ -253,12 +253,17 @@ function timeline(run) {
     const stop = Date.parse(p.finished_at);
     const cls = "tl-bar " + p.kind + (p.status === "failed" ? " failed" : "");
     const meta = fmtDuration(stop - start) + " · " + p.attempts + (p.attempts === 1 ? " attempt" : " attempts");
-    return h("div", {class: "tl-row phase-row", dataset: {name: p.name, kind: p.kind}},
-      h("div", {class: "tl-name", title: p.child_key ? "child key " + p.child_key : p.name},
+    // Committed by one execution of the run; every later one replayed it
+    // from the journal instead of running it again.
+    const origin = p.execution ? "committed by execution " + p.execution +
+      (p.replayed ? ", replayed by the " + (run.attempt - p.execution === 1 ? "next execution" : (run.attempt - p.execution) + " executions after it") : "") : "";
+    return h("div", {class: "tl-row phase-row", dataset: {name: p.name, kind: p.kind, replayed: p.replayed ? "1" : "0"}},
+      h("div", {class: "tl-name", title: [p.child_key ? "child key " + p.child_key : p.name, origin].filter(Boolean).join("\n")},
         h("strong", {}, p.name), " ", h("span", {class: "muted"}, p.kind), p.status === "failed" ? [" ", badge("failed")] : "",
+        p.replayed ? [" ", h("span", {class: "replayed", title: origin}, "↻ replayed")] : "",
         p.child_key ? h("div", {class: "mono muted"}, p.child_key) : ""),
       h("div", {class: "tl-track"}, h("div", {class: cls, style: "left:" + pct(start) + ";width:" + pct(t0 + Math.max(stop - start, 0))})),
-      h("div", {class: "tl-meta"}, "+" + fmtDuration(start - t0) + " · " + meta));
+      h("div", {class: "tl-meta", title: origin}, "+" + fmtDuration(start - t0) + " · " + meta + (p.execution ? " · exec " + p.execution : "")));
   });
   if (!run.finished_at && run.waiting_for) {
     const from = phases.length ? Date.parse(phases[phases.length - 1].finished_at) : t0;

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -166,6 +167,8 @@ type phaseJSON struct {
 	Error      *errorJSON `json:"error"`
 	StartedAt  time.Time  `json:"started_at"`
 	FinishedAt time.Time  `json:"finished_at"`
+	Execution  int        `json:"execution"`
+	Replayed   bool       `json:"replayed"`
 }
 
 func runPath(id string) string { return "/v1/runs/" + url.PathEscape(id) }
@@ -251,7 +254,7 @@ func (c *runsShowCmd) Run(e *env) error {
 	}
 	fmt.Fprintln(e.stdout, "timeline (from the run's creation):")
 	tw := tabwriter.NewWriter(e.stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "  #\tPHASE\tKIND\tSTATUS\tAT\tTOOK\tATTEMPTS\tCHILD KEY")
+	fmt.Fprintln(tw, "  #\tPHASE\tKIND\tSTATUS\tAT\tTOOK\tATTEMPTS\tEXECUTION\tCHILD KEY")
 	for _, p := range r.Phases {
 		key := "-"
 		if p.ChildKey != nil {
@@ -261,8 +264,16 @@ func (c *runsShowCmd) Run(e *env) error {
 		if p.Error != nil {
 			status += " (" + p.Error.Code + ")"
 		}
-		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t+%s\t%s\t%d\t%s\n", p.Seq, p.Name, p.Kind, status,
-			p.StartedAt.Sub(r.CreatedAt).Round(time.Millisecond), p.FinishedAt.Sub(p.StartedAt).Round(time.Millisecond), p.Attempts, key)
+		// The execution that committed the phase; later ones replayed it.
+		exec := "-"
+		if p.Execution > 0 {
+			exec = strconv.Itoa(p.Execution)
+			if p.Replayed {
+				exec += " (replayed since)"
+			}
+		}
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t+%s\t%s\t%d\t%s\t%s\n", p.Seq, p.Name, p.Kind, status,
+			p.StartedAt.Sub(r.CreatedAt).Round(time.Millisecond), p.FinishedAt.Sub(p.StartedAt).Round(time.Millisecond), p.Attempts, exec, key)
 	}
 	tw.Flush() //nolint:errcheck // stdout
 	return nil

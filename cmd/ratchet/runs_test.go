@@ -122,6 +122,13 @@ func TestRunsCommandsAgainstARealServer(t *testing.T) {
 	out, _, code = s.runs(t, "why", s.ids["approval"])
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "due — due, and no worker has taken it", "woken by the signal; this server has no worker")
+	run, err := s.engine.TakeOver(context.Background(), s.ids["approval"]) // as a worker would
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, run.Status)
+	out, _, code = s.runs(t, "show", s.ids["approval"])
+	require.Equal(t, 0, code)
+	require.Regexp(t, `reserved\s+atomic\s+committed.*\s1 \(replayed since\)`, out, "committed by the first execution, replayed by the second")
+	require.Regexp(t, `approved\s+signal\s+committed.*\s2\s`, out)
 
 	out, _, code = s.runs(t, "cancel", s.ids["approval2"])
 	require.Equal(t, 0, code)
