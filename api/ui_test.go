@@ -101,13 +101,19 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 		require.NoError(t, err)
 		return n
 	}
+	// text and attr read the DOM in one evaluation: the page re-renders
+	// as it polls, so a node found by one call may be gone by the next.
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`(document.querySelector(%q) || {}).textContent || ""`, sel)))
+		require.NoError(t, err)
+		return s
+	}
 	// Without a token the API refuses, and the page says what to do.
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.server.URL+"/ui/"),
 		chromedp.WaitVisible(chromedp.CSS(`#error`))))
-	notice, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#error`)))
-	require.NoError(t, err)
-	require.Contains(t, notice, "bearer token")
+	require.Contains(t, text(`#error`), "bearer token")
 
 	// Another tenant's token sees none of these runs.
 	require.NoError(t, chromedp.Do(ctx,
@@ -148,12 +154,8 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Click(chromedp.CSS(`tr.run-row[data-id="`+napID+`"] a`)),
 		chromedp.WaitVisible(chromedp.CSS(`#timeline`))))
-	reason, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(`#why`), "data-reason"))
-	require.NoError(t, err)
-	input, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#input`)))
-	require.NoError(t, err)
-	require.Equal(t, "timer", reason.Value)
-	require.Contains(t, input, "parcel-7")
+	require.Equal(t, "timer", attr(t, ctx, `#why`, "data-reason"))
+	require.Contains(t, text(`#input`), "parcel-7")
 	require.Equal(t, 1, rows(`.phase-row[data-kind="wait"]`), "the wait is on the timeline")
 	require.Equal(t, 1, rows(`.phase-row[data-kind="wait"] .tl-bar.wait`))
 
@@ -163,9 +165,7 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS(`#cancel[data-armed="1"]`)),
 		chromedp.Click(chromedp.CSS(`#cancel`)),
 		chromedp.WaitVisible(chromedp.CSS(`#why.none`))))
-	result, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(`#action-result`)))
-	require.NoError(t, err)
-	require.Equal(t, "Cancelled.", result)
+	require.Equal(t, "Cancelled.", text(`#action-result`))
 	run, err := b.engine.GetRun(context.Background(), napID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusCancelled, run.Status)
@@ -206,12 +206,6 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 			shown, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.getElementById("run-id") || {}).textContent || ""`))
 			return err == nil && shown == id
 		}, 10*time.Second, 50*time.Millisecond)
-	}
-	text := func(sel string) string {
-		t.Helper()
-		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
-		require.NoError(t, err)
-		return s
 	}
 
 	// A step's page shows its child key on the timeline.
@@ -259,13 +253,6 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	require.Empty(t, consoleProblems(), "no console errors or exceptions")
 }
 
-func attr(t *testing.T, ctx context.Context, sel, name string) string {
-	t.Helper()
-	v, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(sel), name))
-	require.NoError(t, err)
-	return v.Value
-}
-
 func TestThePageIsServedWithoutATokenAndItsDataIsNot(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &api.Config{Tokens: map[string]string{"tok": "default"}})
@@ -274,4 +261,11 @@ func TestThePageIsServedWithoutATokenAndItsDataIsNot(t *testing.T) {
 	require.Contains(t, string(r.body), "<title>Ratchet runs</title>")
 	require.Equal(t, http.StatusOK, b.do(t, http.MethodGet, "/ui/app.js", "").status)
 	require.Equal(t, http.StatusUnauthorized, b.do(t, http.MethodGet, "/v1/runs", "").status)
+}
+
+func attr(t *testing.T, ctx context.Context, sel, name string) string {
+	t.Helper()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`(document.querySelector(%q) || {getAttribute: () => ""}).getAttribute(%q) || ""`, sel, name)))
+	require.NoError(t, err)
+	return v
 }
