@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -258,16 +259,74 @@ type ListParams struct {
 	Limit int
 }
 
-const listRunsSQL = `SELECT ` + runColumns + `, ` + blockedReasonSQL + ` AS blocked_reason FROM ratchet.runs r
-WHERE tenant = $1
-	AND ($2 = '' OR workflow = $2)
-	AND ($3 = '' OR status = $3)
-	AND ($4 = '' OR idempotency_key = $4)
-	AND ($5 = '' OR id IN (SELECT run_id FROM ratchet.phases WHERE child_key = $5))
-	AND ($6 = '' OR id < $6)
-	AND ($8 = '' OR ` + blockedReasonSQL + ` = $8)
-ORDER BY id DESC
-LIMIT $7`
+// listRunsSQL writes the statement for one shape of listing: only the
+// filters that are set appear in it, so that every shape has its own
+// statement text, its own prepared statement and its own plan. One
+// statement for all shapes, with "($n = '' OR col = $n)" guards, plans
+// well for the values of its first calls only: Postgres switches a
+// prepared statement to a generic plan after five executions, and the
+// generic plan of that statement walked the whole primary key for any
+// filter (docs/performance.md has the figures).
+//
+// Each shape is answered from an index that yields runs newest first
+// (migration 0010, which says why ids are compared under the "C"
+// collation here): an idempotency key from the (tenant, key) unique
+// index, a child key from the phases' child-key index, a blocked reason
+// or an unfinished status from the index of unfinished runs, a finished
+// status or a workflow from the partial indexes of finished runs; a
+// workflow without a status reads the unfinished and the finished runs
+// apart and merges the two pages.
+func listRunsSQL(p *ListParams) (string, []any) {
+	args := []any{p.Tenant}
+	arg := func(v any) string {
+		args = append(args, v)
+		return fmt.Sprintf("$%d", len(args))
+	}
+	var where []string
+	where = append(where, "r.tenant = $1")
+	if p.IdempotencyKey != "" {
+		where = append(where, "r.idempotency_key = "+arg(p.IdempotencyKey))
+	}
+	if p.ChildKey != "" {
+		where = append(where, "r.id IN (SELECT ph.run_id FROM ratchet.phases ph WHERE ph.child_key = "+arg(p.ChildKey)+")")
+	}
+	if p.Status != "" {
+		where = append(where, "r.status = "+arg(string(p.Status)))
+	}
+	if p.After != "" {
+		where = append(where, `r.id COLLATE "C" < `+arg(p.After))
+	}
+	if p.Blocked != "" {
+		where = append(where, blockedReasonSQL+" = "+arg(string(p.Blocked)))
+	}
+	limit := arg(p.Limit)
+	var workflow string
+	if p.Workflow != "" {
+		workflow = "r.workflow = " + arg(p.Workflow)
+	}
+	page := func(conds ...string) string {
+		return `SELECT ` + runColumns + ` FROM ratchet.runs r
+WHERE ` + strings.Join(slices.DeleteFunc(append(slices.Clone(where), conds...), func(s string) bool { return s == "" }), "\n\tAND ") + `
+ORDER BY r.id COLLATE "C" DESC LIMIT ` + limit
+	}
+	var body string
+	switch {
+	case p.Blocked != "" || (p.Status != "" && !p.Status.Finished()):
+		body = page(workflow, "r.finished_at IS NULL")
+	case p.Status != "":
+		body = page(workflow, "r.finished_at IS NOT NULL")
+	case p.Workflow != "" && p.IdempotencyKey == "" && p.ChildKey == "":
+		body = `SELECT * FROM ((` + page(workflow, "r.finished_at IS NULL") + `)
+UNION ALL
+(` + page(workflow, "r.finished_at IS NOT NULL") + `)) u
+ORDER BY u.id COLLATE "C" DESC LIMIT ` + limit
+	default:
+		body = page(workflow)
+	}
+	// The blocked reason is computed for the page's rows only.
+	return `SELECT r.*, ` + blockedReasonSQL + ` AS blocked_reason FROM (` + body + `) r
+ORDER BY r.id COLLATE "C" DESC`, args
+}
 
 // ListRuns returns a page of the tenant's runs, newest first, each
 // unfinished one with its Blocked set.
@@ -289,7 +348,20 @@ func (c *Client) ListRuns(ctx context.Context, p ListParams) ([]Run, error) {
 			return nil, fmt.Errorf("%w: %s is not valid UTF-8 text without U+0000", ErrInvalidListParams, f.name)
 		}
 	}
-	rows, err := c.pool.Query(ctx, listRunsSQL, p.Tenant, p.Workflow, string(p.Status), p.IdempotencyKey, p.ChildKey, p.After, p.Limit, string(p.Blocked))
+	switch p.Status {
+	case "", StatusPending, StatusRunning, StatusWaiting, StatusCompensating,
+		StatusSucceeded, StatusFailed, StatusCancelled, StatusCompensated:
+	default:
+		return nil, fmt.Errorf("%w: status %q is not a run status", ErrInvalidListParams, p.Status)
+	}
+	if p.Blocked != "" && !slices.Contains(BlockedReasons(), p.Blocked) {
+		return nil, fmt.Errorf("%w: blocked %q is not a blocked reason", ErrInvalidListParams, p.Blocked)
+	}
+	if p.Blocked != "" && p.Status.Finished() {
+		return nil, nil // only an unfinished run is blocked
+	}
+	sql, args := listRunsSQL(&p)
+	rows, err := c.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("engine: list runs: %w", notMigrated(err))
 	}

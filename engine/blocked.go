@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -133,8 +134,10 @@ func describe(run *Run, reason BlockedReason) *Blocked {
 		b.Owner, b.Until = owner, run.LeaseExpiresAt
 		b.Detail = fmt.Sprintf("executing on %s; its lease runs until %s and is renewed while it lives", owner, run.LeaseExpiresAt.UTC().Format(time.RFC3339))
 	case BlockedTimer:
-		b.Phase, b.Until = w.Phase, w.Until
-		b.Detail = fmt.Sprintf("sleeping at %s until %s", w.Phase, w.Until.UTC().Format(time.RFC3339))
+		// The wake time is next_attempt_at (the database decided by it);
+		// waiting_for repeats it.
+		b.Phase, b.Until = w.Phase, cmp.Or(run.NextAttemptAt, w.Until)
+		b.Detail = fmt.Sprintf("sleeping at %s until %s", w.Phase, b.Until.UTC().Format(time.RFC3339))
 	case BlockedSignal:
 		b.Phase, b.Signal, b.CorrelationKey, b.Until = w.Phase, w.Signal, w.CorrelationKey, w.Until
 		b.Detail = fmt.Sprintf("awaiting signal %q", w.Signal)

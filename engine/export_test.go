@@ -11,3 +11,17 @@ func (c *Client) Claim(ctx context.Context, p StartParams) (*StartResult, error)
 func (c *Client) Execute(ctx context.Context, res *StartResult) (*Run, error) {
 	return c.executeClaimed(ctx, res)
 }
+
+// ListRunsSQL is the statement ListRuns sends for p, and its arguments.
+func ListRunsSQL(p ListParams) (string, []any) {
+	if p.Tenant == "" {
+		p.Tenant = DefaultTenant
+	}
+	if p.Limit == 0 {
+		p.Limit = 50
+	}
+	return listRunsSQL(&p)
+}
+
+// BlockedReasonSQL decides a run's blocked reason from its row (alias r).
+const BlockedReasonSQL = blockedReasonSQL

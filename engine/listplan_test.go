@@ -1,0 +1,331 @@
+package engine_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/internal/testdb"
+	"github.com/ratchet-run/ratchet/migrations"
+)
+
+// seedRunsSQL writes runs $1 to $2 of $3 as a payment service's history
+// looks: 2% of them another tenant's, five workflows and a rare sixth,
+// each with three phases, two of them steps with child keys. The runs in
+// flight are among the newest 10,000 (a third of those: pending, running,
+// sleeping, compensating); the older ones finished: 97.5% succeeded, the
+// rest failed, cancelled or compensated. Ids grow with i, as ULIDs grow
+// with time.
+var seedRunsSQL = []string{`
+INSERT INTO ratchet.runs (id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
+	status, recovery_point, lease_owner, lease_token, lease_expires_at, attempt, next_attempt_at,
+	output, created_at, updated_at, finished_at, expires_at, waiting_for)
+SELECT lpad(i::text, 26, '0'),
+	CASE WHEN i % 50 = 0 THEN 'acme' ELSE 'default' END,
+	'order-' || i,
+	CASE WHEN i % 1000 = 7 THEN 'audit' ELSE (ARRAY['payment', 'refund', 'payout', 'order', 'invoice'])[1 + i % 5] END,
+	1, jsonb_build_object('amount', i % 9000), sha256(i::text::bytea),
+	s.status, 'receipt_sent',
+	CASE WHEN s.status = 'running' THEN 'worker-1' END,
+	CASE WHEN s.status = 'running' THEN 1 ELSE 0 END,
+	CASE WHEN s.status = 'running' THEN now() + interval '1 hour' END,
+	1,
+	CASE WHEN s.status = 'waiting' THEN now() + interval '1 hour' END,
+	CASE WHEN s.finished THEN '{"ok": true}'::jsonb END,
+	now(), now(),
+	CASE WHEN s.finished THEN now() END,
+	CASE WHEN s.finished THEN now() + interval '30 days' END,
+	CASE WHEN s.status = 'waiting' THEN jsonb_build_object('kind', 'sleep', 'phase', 'cooled_off', 'seq', 3, 'until', now() + interval '1 hour') END
+FROM generate_series($1::bigint, $2::bigint) i,
+LATERAL (SELECT st AS status, st IN ('succeeded', 'failed', 'cancelled', 'compensated') AS finished FROM (SELECT CASE
+	WHEN i > $3 - 10000 AND i % 3 = 0 THEN (ARRAY['pending', 'running', 'waiting', 'waiting', 'compensating'])[1 + i / 3 % 5]
+	WHEN i % 1000 < 975 THEN 'succeeded' WHEN i % 1000 < 990 THEN 'failed'
+	WHEN i % 1000 < 995 THEN 'cancelled' ELSE 'compensated' END AS st) x) s`, `
+INSERT INTO ratchet.phases (run_id, seq, name, kind, output, child_key, attempts, started_at, finished_at, execution)
+SELECT lpad(i::text, 26, '0'), p.seq, p.name, p.kind, to_jsonb(i),
+	CASE WHEN p.kind = 'step' THEN 'rk1_' || md5(i::text || p.name) END, 1, now(), now(), 1
+FROM generate_series($1::bigint, $2::bigint) i,
+	(VALUES (0, 'charged', 'step'), (1, 'ledger_posted', 'atomic'), (2, 'receipt_sent', 'step')) p(seq, name, kind)
+WHERE $3 > 0`}
+
+// seedRuns seeds n runs in batches, logging progress.
+func seedRuns(t testing.TB, ctx context.Context, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	const batch = 250_000
+	began := time.Now()
+	for lo := 1; lo <= n; lo += batch {
+		hi := min(lo+batch-1, n)
+		for _, sql := range seedRunsSQL {
+			_, err := pool.Exec(ctx, sql, lo, hi, n)
+			require.NoError(t, err)
+		}
+		if n > batch {
+			t.Logf("seeded %d of %d runs (%s)", hi, n, time.Since(began).Round(time.Second))
+		}
+	}
+	_, err := pool.Exec(ctx, `VACUUM ANALYZE ratchet.runs, ratchet.phases`)
+	require.NoError(t, err)
+}
+
+// listShapes is every shape of listing: each combination of the filters,
+// with a finished and an unfinished status, over the seeded history.
+func listShapes(n int) []engine.ListParams {
+	var shapes []engine.ListParams
+	for mask := range 1 << 5 {
+		for _, status := range []engine.Status{"", engine.StatusFailed, engine.StatusWaiting} {
+			p := engine.ListParams{Status: status}
+			if mask&1 != 0 {
+				p.Workflow = "audit"
+			}
+			if mask&2 != 0 {
+				p.IdempotencyKey = "order-1007"
+			}
+			if mask&4 != 0 {
+				p.ChildKey = "child-key" // replaced by a seeded key
+			}
+			if mask&8 != 0 {
+				p.Blocked = engine.BlockedTimer
+			}
+			if mask&16 != 0 {
+				p.After = fmt.Sprintf("%026d", n/2)
+			}
+			shapes = append(shapes, p)
+		}
+	}
+	return shapes
+}
+
+func nameOf(p engine.ListParams) string {
+	var parts []string
+	for _, f := range []struct{ name, v string }{{"status", string(p.Status)}, {"workflow", p.Workflow},
+		{"key", p.IdempotencyKey}, {"child_key", p.ChildKey}, {"blocked", string(p.Blocked)}, {"after", p.After}} {
+		if f.v != "" {
+			parts = append(parts, f.name)
+			if f.name == "status" {
+				parts[len(parts)-1] += "=" + f.v
+			}
+		}
+	}
+	if len(parts) == 0 {
+		return "all"
+	}
+	return strings.Join(parts, "+")
+}
+
+// maxListPages bounds the pages one page of a listing may read.
+const maxListPages = 1000
+
+// planProblems explains the statement for p, with the custom plan and the
+// generic one Postgres switches a prepared statement to, and names every
+// sequential scan of runs or phases in either.
+func planProblems(t *testing.T, ctx context.Context, conn *pgx.Conn, p engine.ListParams) []string {
+	t.Helper()
+	sql, args := engine.ListRunsSQL(p)
+	_, err := conn.Exec(ctx, `DEALLOCATE ALL`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `PREPARE shape AS `+sql)
+	require.NoError(t, err)
+	literals := make([]string, len(args))
+	for i, a := range args {
+		switch v := a.(type) {
+		case string:
+			literals[i] = "'" + strings.ReplaceAll(v, "'", "''") + "'"
+		case int:
+			literals[i] = strconv.Itoa(v)
+		default:
+			t.Fatalf("argument %d of type %T", i, a)
+		}
+	}
+	var problems []string
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		_, err := conn.Exec(ctx, `SET plan_cache_mode = `+mode)
+		require.NoError(t, err)
+		var plan []struct {
+			Plan planNode `json:"Plan"`
+		}
+		require.NoError(t, conn.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE shape(`+strings.Join(literals, ", ")+`)`).Scan(&plan))
+		top := plan[0].Plan
+		top.walk(func(n *planNode) {
+			if n.NodeType == "Seq Scan" && (n.Relation == "runs" || n.Relation == "phases") {
+				problems = append(problems, fmt.Sprintf("%s: a sequential scan of %s", mode, n.Relation))
+			}
+		})
+		// Pages read, rather than time: a plan that walks an index from
+		// end to end, filtering, reads thousands.
+		if pages := top.SharedHit + top.SharedRead; pages > maxListPages {
+			problems = append(problems, fmt.Sprintf("%s: %d pages read (at most %d)", mode, pages, maxListPages))
+		}
+		if testing.Verbose() {
+			t.Logf("%s: %d pages", mode, top.SharedHit+top.SharedRead)
+		}
+	}
+	return problems
+}
+
+type planNode struct {
+	NodeType   string     `json:"Node Type"`
+	SharedHit  int        `json:"Shared Hit Blocks"`
+	SharedRead int        `json:"Shared Read Blocks"`
+	Relation   string     `json:"Relation Name"`
+	Index      string     `json:"Index Name"`
+	Plans      []planNode `json:"Plans"`
+}
+
+func (n *planNode) walk(f func(*planNode)) {
+	f(n)
+	for i := range n.Plans {
+		n.Plans[i].walk(f)
+	}
+}
+
+// expectedList is the listing by its definition: one statement for every
+// shape, each filter guarded by "($n = ” OR ...)", as ListRuns once was.
+func expectedList(t *testing.T, ctx context.Context, pool *pgxpool.Pool, p engine.ListParams) []string {
+	t.Helper()
+	rows, err := pool.Query(ctx, `SELECT id FROM ratchet.runs r
+WHERE tenant = 'default'
+	AND ($1 = '' OR workflow = $1)
+	AND ($2 = '' OR status = $2)
+	AND ($3 = '' OR idempotency_key = $3)
+	AND ($4 = '' OR id IN (SELECT run_id FROM ratchet.phases WHERE child_key = $4))
+	AND ($5 = '' OR id < $5)
+	AND ($6 = '' OR `+engine.BlockedReasonSQL+` = $6)
+ORDER BY id DESC LIMIT 50`, p.Workflow, string(p.Status), p.IdempotencyKey, p.ChildKey, p.After, string(p.Blocked))
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return got
+}
+
+// TestEveryListShapeReadsAnIndex seeds a history by SQL (RATCHET_LIST_RUNS
+// runs, 200,000 by default; 10,000,000 for the figures in
+// docs/performance.md) and checks, shape by shape, that neither the
+// custom nor the generic plan of the listing's statement scans runs or
+// phases sequentially, and that every shape lists what its filters say.
+func TestEveryListShapeReadsAnIndex(t *testing.T) {
+	t.Parallel()
+	n := 200_000
+	if v, err := strconv.Atoi(os.Getenv("RATCHET_LIST_RUNS")); err == nil && v > 0 {
+		n = v
+	}
+	ctx := context.Background()
+	pool := listDatabase(t, ctx, n)
+	var childKey string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT child_key FROM ratchet.phases WHERE run_id = $1 AND seq = 0`, fmt.Sprintf("%026d", 1007)).Scan(&childKey))
+	// A live process serves every workflow, so in-flight runs are not
+	// "unserved".
+	_, err := pool.Exec(ctx, `INSERT INTO ratchet.processes (id, started_at, expires_at, serves) VALUES ('p1', now(), now() + interval '1 hour',
+		ARRAY['payment@1', 'refund@1', 'payout@1', 'order@1', 'invoice@1', 'audit@1'])
+		ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at`)
+	require.NoError(t, err)
+
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	c, err := engine.NewClient(pool, &engine.Config{Workflows: engine.NewWorkflows()})
+	require.NoError(t, err)
+	for _, p := range listShapes(n) {
+		if p.ChildKey != "" {
+			p.ChildKey = childKey
+		}
+		t.Run(nameOf(p), func(t *testing.T) {
+			if p.Blocked == "" || !p.Status.Finished() { // else answered without a statement
+				require.Empty(t, planProblems(t, ctx, conn.Conn(), p))
+			}
+			got, err := c.ListRuns(ctx, p)
+			require.NoError(t, err)
+			want := expectedList(t, ctx, pool, p)
+			listed := make([]string, len(got))
+			for i := range got {
+				listed[i] = got[i].ID
+			}
+			require.Equal(t, want, listed)
+		})
+	}
+}
+
+// listDatabase is a migrated database holding n seeded runs: a test's own,
+// or, with RATCHET_LIST_DB set to a connection string, that database,
+// seeded on first use and kept, since seeding 10,000,000 runs takes
+// minutes.
+func listDatabase(t testing.TB, ctx context.Context, n int) *pgxpool.Pool {
+	t.Helper()
+	url := os.Getenv("RATCHET_LIST_DB")
+	if url == "" {
+		pool := testdb.New(t, &testdb.Options{MaxConns: 10})
+		seedRuns(t, ctx, pool, n)
+		return pool
+	}
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	_, err = migrations.Apply(ctx, pool, nil)
+	require.NoError(t, err)
+	var have int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ratchet.runs`).Scan(&have))
+	switch have {
+	case 0:
+		seedRuns(t, ctx, pool, n)
+	case n:
+	default:
+		t.Fatalf("%s holds %d runs, not %d: drop it or set RATCHET_LIST_RUNS=%d", url, have, n, have)
+	}
+	return pool
+}
+
+// BenchmarkListShapes reports, for every shape of listing, the median and
+// p99 latency of ListRuns over the seeded history, the prepared statement
+// reused as a server's connections reuse it (generic plans included).
+// Its figures are in docs/performance.md:
+//
+//	RATCHET_LIST_RUNS=1000000 go test -run '^$' -bench ListShapes -benchtime 1x -timeout 60m ./engine/
+//
+// With RATCHET_LIST_DB the seeded database is kept for the next run.
+func BenchmarkListShapes(b *testing.B) {
+	n := 200_000
+	if v, err := strconv.Atoi(os.Getenv("RATCHET_LIST_RUNS")); err == nil && v > 0 {
+		n = v
+	}
+	ctx := context.Background()
+	pool := listDatabase(b, ctx, n)
+	var childKey string
+	require.NoError(b, pool.QueryRow(ctx, `SELECT child_key FROM ratchet.phases WHERE run_id = $1 AND seq = 0`, fmt.Sprintf("%026d", 1007)).Scan(&childKey))
+	c, err := engine.NewClient(pool, &engine.Config{Workflows: engine.NewWorkflows()})
+	require.NoError(b, err)
+	const calls = 200
+	var worst []string
+	for range b.N {
+		for _, p := range listShapes(n) {
+			if p.ChildKey != "" {
+				p.ChildKey = childKey
+			}
+			took := make([]time.Duration, calls)
+			for i := range took {
+				began := time.Now()
+				_, err := c.ListRuns(ctx, p)
+				require.NoError(b, err)
+				took[i] = time.Since(began)
+			}
+			slices.Sort(took)
+			p50, p99 := took[calls/2], took[calls*99/100]
+			fmt.Printf("%-48s p50 %8s  p99 %8s\n", nameOf(p), p50.Round(time.Microsecond), p99.Round(time.Microsecond))
+			worst = append(worst, fmt.Sprintf("%s %s", p99.Round(time.Microsecond), nameOf(p)))
+		}
+	}
+	slices.SortFunc(worst, func(a, b string) int {
+		da, _ := time.ParseDuration(strings.Fields(a)[0])
+		db, _ := time.ParseDuration(strings.Fields(b)[0])
+		return int(db - da)
+	})
+	fmt.Printf("%d runs; the slowest shapes by p99: %v\n", n, worst[:min(5, len(worst))])
+}
