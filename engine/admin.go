@@ -273,9 +273,9 @@ type ListParams struct {
 // collation here): an idempotency key from the (tenant, key) unique
 // index, a child key from the phases' child-key index, a blocked reason
 // or an unfinished status from the index of unfinished runs, a finished
-// status or a workflow from the partial indexes of finished runs; a
-// workflow without a status reads the unfinished and the finished runs
-// apart and merges the two pages.
+// status, a workflow, or both from the partial indexes of finished runs; a
+// workflow without a status reads the unfinished runs and the finished
+// runs of each status apart and merges the pages.
 func listRunsSQL(p *ListParams) (string, []any) {
 	args := []any{p.Tenant}
 	arg := func(v any) string {
@@ -316,9 +316,14 @@ ORDER BY r.id COLLATE "C" DESC LIMIT ` + limit
 	case p.Status != "":
 		body = page(workflow, "r.finished_at IS NOT NULL")
 	case p.Workflow != "" && p.IdempotencyKey == "" && p.ChildKey == "":
-		body = `SELECT * FROM ((` + page(workflow, "r.finished_at IS NULL") + `)
-UNION ALL
-(` + page(workflow, "r.finished_at IS NOT NULL") + `)) u
+		// The index of finished runs by workflow is by status within a
+		// workflow, so that a workflow and a status together are one
+		// range of it; a workflow alone merges the range of each status.
+		branches := []string{page(workflow, "r.finished_at IS NULL")}
+		for _, st := range []Status{StatusSucceeded, StatusFailed, StatusCancelled, StatusCompensated} {
+			branches = append(branches, page(workflow, "r.finished_at IS NOT NULL", "r.status = '"+string(st)+"'"))
+		}
+		body = `SELECT * FROM ((` + strings.Join(branches, ")\nUNION ALL\n(") + `)) u
 ORDER BY u.id COLLATE "C" DESC LIMIT ` + limit
 	default:
 		body = page(workflow)

@@ -20,10 +20,11 @@ CREATE INDEX runs_tenant_id_idx ON ratchet.runs (tenant, id COLLATE "C" DESC);
 -- none behind, so it stays as small as the set of runs in flight.
 CREATE INDEX runs_unfinished_idx ON ratchet.runs (tenant, id COLLATE "C" DESC) WHERE finished_at IS NULL;
 
--- Finished runs by status, and by workflow. A run enters each once, when
--- it finishes (the versions before have finished_at NULL), and the keys
--- grow with time within a status or a workflow: inserts land on the
+-- Finished runs by status, and by workflow and status (a workflow alone
+-- merges its four finished statuses). A run enters each once, when it
+-- finishes (the versions before have finished_at NULL), and the keys grow
+-- with time within a status or a workflow's status: inserts land on a few
 -- rightmost leaves, which stay in the buffer cache, rather than on random
 -- pages written whole after each checkpoint.
 CREATE INDEX runs_finished_status_idx ON ratchet.runs (tenant, status, id COLLATE "C" DESC) WHERE finished_at IS NOT NULL;
-CREATE INDEX runs_finished_workflow_idx ON ratchet.runs (tenant, workflow, id COLLATE "C" DESC) WHERE finished_at IS NOT NULL;
+CREATE INDEX runs_finished_workflow_idx ON ratchet.runs (tenant, workflow, status, id COLLATE "C" DESC) WHERE finished_at IS NOT NULL;
