@@ -262,7 +262,7 @@ type ListParams struct {
 // listRunsSQL writes the statement for one shape of listing: only the
 // filters that are set appear in it, so that every shape has its own
 // statement text, its own prepared statement and its own plan. One
-// statement for all shapes, with "($n = '' OR col = $n)" guards, plans
+// statement for all shapes, with "($n = ” OR col = $n)" guards, plans
 // well for the values of its first calls only: Postgres switches a
 // prepared statement to a generic plan after five executions, and the
 // generic plan of that statement walked the whole primary key for any
@@ -273,8 +273,8 @@ type ListParams struct {
 // collation here): an idempotency key from the (tenant, key) unique
 // index, a child key from the phases' child-key index, a blocked reason
 // or an unfinished status from the index of unfinished runs, a finished
-// status, a workflow, or both from the partial indexes of finished runs; a
-// workflow without a status reads the unfinished runs and the finished
+// status (and a workflow) from the partial indexes of finished runs; a
+// listing without a status reads the unfinished runs and the finished
 // runs of each status apart and merges the pages.
 func listRunsSQL(p *ListParams) (string, []any) {
 	args := []any{p.Tenant}
@@ -315,18 +315,18 @@ ORDER BY r.id COLLATE "C" DESC LIMIT ` + limit
 		body = page(workflow, "r.finished_at IS NULL")
 	case p.Status != "":
 		body = page(workflow, "r.finished_at IS NOT NULL")
-	case p.Workflow != "" && p.IdempotencyKey == "" && p.ChildKey == "":
-		// The index of finished runs by workflow is by status within a
-		// workflow, so that a workflow and a status together are one
-		// range of it; a workflow alone merges the range of each status.
+	case p.IdempotencyKey != "" || p.ChildKey != "":
+		body = page(workflow) // a run or a few, found by their key
+	default:
+		// The unfinished runs, and the finished runs of each status (by
+		// workflow too, if one is asked), each range read newest first,
+		// merged.
 		branches := []string{page(workflow, "r.finished_at IS NULL")}
 		for _, st := range []Status{StatusSucceeded, StatusFailed, StatusCancelled, StatusCompensated} {
 			branches = append(branches, page(workflow, "r.finished_at IS NOT NULL", "r.status = '"+string(st)+"'"))
 		}
 		body = `SELECT * FROM ((` + strings.Join(branches, ")\nUNION ALL\n(") + `)) u
 ORDER BY u.id COLLATE "C" DESC LIMIT ` + limit
-	default:
-		body = page(workflow)
 	}
 	// The blocked reason is computed for the page's rows only.
 	return `SELECT r.*, ` + blockedReasonSQL + ` AS blocked_reason FROM (` + body + `) r

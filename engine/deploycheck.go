@@ -92,9 +92,12 @@ func (noHooks) Phase(ctx context.Context, _ PhaseInfo) (context.Context, func(er
 	return ctx, func(error) {}
 }
 
-// gateRunsSQL pages through the unfinished runs in id order.
+// gateRunsSQL pages through the unfinished runs by tenant and id, the
+// order of the index of unfinished runs (whatever the history's size, the
+// gate reads only them).
 const gateRunsSQL = `SELECT ` + runColumns + ` FROM ratchet.runs
-WHERE finished_at IS NULL AND id > $1 ORDER BY id LIMIT $2`
+WHERE finished_at IS NULL AND (tenant, id COLLATE "C") > ($1, $2)
+ORDER BY tenant, id COLLATE "C" LIMIT $3`
 
 const gatePhasesSQL = `SELECT ` + phaseColumns + `
 FROM ratchet.phases WHERE run_id = ANY($1) ORDER BY run_id, seq`
@@ -167,9 +170,9 @@ func (c *Client) CheckDeploy(ctx context.Context, opts *CheckDeployOpts) (*Deplo
 	}()
 
 	err := pgx.BeginTxFunc(ctx, c.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		after := ""
+		var afterTenant, after string
 		for {
-			rows, err := tx.Query(ctx, gateRunsSQL, after, gatePage)
+			rows, err := tx.Query(ctx, gateRunsSQL, afterTenant, after, gatePage)
 			if err != nil {
 				return notMigrated(err)
 			}
@@ -200,7 +203,7 @@ func (c *Client) CheckDeploy(ctx context.Context, opts *CheckDeployOpts) (*Deplo
 					return ctx.Err()
 				}
 			}
-			after = runs[len(runs)-1].ID
+			afterTenant, after = runs[len(runs)-1].Tenant, runs[len(runs)-1].ID
 		}
 	})
 	close(jobs)

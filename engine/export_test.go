@@ -25,3 +25,6 @@ func ListRunsSQL(p ListParams) (string, []any) {
 
 // BlockedReasonSQL decides a run's blocked reason from its row (alias r).
 const BlockedReasonSQL = blockedReasonSQL
+
+// GateRunsSQL pages through the unfinished runs for the deploy gate.
+const GateRunsSQL = gateRunsSQL

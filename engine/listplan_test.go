@@ -128,9 +128,8 @@ const maxListPages = 1000
 // planProblems explains the statement for p, with the custom plan and the
 // generic one Postgres switches a prepared statement to, and names every
 // sequential scan of runs or phases in either.
-func planProblems(t *testing.T, ctx context.Context, conn *pgx.Conn, p engine.ListParams) []string {
+func planProblems(t *testing.T, ctx context.Context, conn *pgx.Conn, maxPages int, sql string, args ...any) []string {
 	t.Helper()
-	sql, args := engine.ListRunsSQL(p)
 	_, err := conn.Exec(ctx, `DEALLOCATE ALL`)
 	require.NoError(t, err)
 	_, err = conn.Exec(ctx, `PREPARE shape AS `+sql)
@@ -162,8 +161,8 @@ func planProblems(t *testing.T, ctx context.Context, conn *pgx.Conn, p engine.Li
 		})
 		// Pages read, rather than time: a plan that walks an index from
 		// end to end, filtering, reads thousands.
-		if pages := top.SharedHit + top.SharedRead; pages > maxListPages {
-			problems = append(problems, fmt.Sprintf("%s: %d pages read (at most %d)", mode, pages, maxListPages))
+		if pages := top.SharedHit + top.SharedRead; pages > maxPages {
+			problems = append(problems, fmt.Sprintf("%s: %d pages read (at most %d)", mode, pages, maxPages))
 		}
 		if testing.Verbose() {
 			t.Logf("%s: %d pages", mode, top.SharedHit+top.SharedRead)
@@ -234,13 +233,19 @@ func TestEveryListShapeReadsAnIndex(t *testing.T) {
 	defer conn.Release()
 	c, err := engine.NewClient(pool, &engine.Config{Workflows: engine.NewWorkflows()})
 	require.NoError(t, err)
+	// The deploy gate's first page reads the runs in flight, not the
+	// history: a page of 2,000 runs, which the seed keeps together.
+	t.Run("deploy gate", func(t *testing.T) {
+		require.Empty(t, planProblems(t, ctx, conn.Conn(), 2*maxListPages, engine.GateRunsSQL, "", "", 2000))
+	})
 	for _, p := range listShapes(n) {
 		if p.ChildKey != "" {
 			p.ChildKey = childKey
 		}
 		t.Run(nameOf(p), func(t *testing.T) {
 			if p.Blocked == "" || !p.Status.Finished() { // else answered without a statement
-				require.Empty(t, planProblems(t, ctx, conn.Conn(), p))
+				sql, args := engine.ListRunsSQL(p)
+				require.Empty(t, planProblems(t, ctx, conn.Conn(), maxListPages, sql, args...))
 			}
 			got, err := c.ListRuns(ctx, p)
 			require.NoError(t, err)
