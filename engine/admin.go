@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ratchet-run/ratchet/steps"
 )
 
 // cancelSQL cancels an unfinished run. One nobody holds (no lease, or an
@@ -287,8 +289,17 @@ func listRunsSQL(p *ListParams) (string, []any) {
 	if p.IdempotencyKey != "" {
 		where = append(where, "r.idempotency_key = "+arg(p.IdempotencyKey))
 	}
-	if p.ChildKey != "" {
-		where = append(where, "r.id IN (SELECT ph.run_id FROM ratchet.phases ph WHERE ph.child_key = "+arg(p.ChildKey)+")")
+	if run, ok := steps.Key(p.ChildKey).Run(); ok {
+		// A key of format 2 names its run: its journal is read, no index of
+		// every key sent.
+		runArg := arg(run)
+		where = append(where, "r.id = "+runArg,
+			"EXISTS (SELECT 1 FROM ratchet.phases ph WHERE ph.run_id = "+runArg+" AND ph.child_key = "+arg(p.ChildKey)+")")
+	} else if p.ChildKey != "" {
+		// The index of keys of format 1 (migration 0011) holds no key of
+		// format 2; the clause that says so lets the planner use it.
+		where = append(where, "r.id IN (SELECT ph.run_id FROM ratchet.phases ph WHERE ph.child_key = "+arg(p.ChildKey)+
+			` AND ph.child_key NOT LIKE 'rk2\_%')`)
 	}
 	if p.Status != "" {
 		where = append(where, "r.status = "+arg(string(p.Status)))

@@ -74,7 +74,9 @@ func phase[T any](ctx context.Context, name string, kind PhaseKind, run func(ctx
 	}
 	var key steps.Key
 	if kind == KindStep {
-		key = steps.ChildKey(ex.run.Tenant, ex.run.ID, name)
+		if key, err = ex.childKey(name); err != nil {
+			return zero, err
+		}
 	}
 	ctx, end := ex.hooks.Phase(ctx, ex.phaseInfo(name, kind, seq, memo != nil, string(key)))
 	out, err := func() (T, error) {
@@ -342,6 +344,19 @@ func (ex *execution) breakOff(err error) error {
 	}
 	ex.mu.Unlock()
 	return err
+}
+
+// childKey derives the key of the run's step named name, in the run's
+// format.
+func (ex *execution) childKey(name string) (steps.Key, error) {
+	if ex.run.KeyFormat == 2 {
+		key, err := steps.ChildKeyV2(ex.run.Tenant, ex.run.ID, name)
+		if err != nil {
+			return "", fmt.Errorf("engine: run %s: child key of %s: %w", ex.run.ID, name, err)
+		}
+		return key, nil
+	}
+	return steps.ChildKey(ex.run.Tenant, ex.run.ID, name), nil
 }
 
 func (ex *execution) phaseInfo(name string, kind PhaseKind, seq int, replayed bool, childKey string) PhaseInfo {

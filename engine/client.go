@@ -45,6 +45,15 @@ type Config struct {
 	// Defaults to StaleAfter/3. Must be shorter than StaleAfter.
 	HeartbeatInterval time.Duration
 
+	// KeyFormat is the format of the child keys of the runs this client
+	// creates: 1 (steps.ChildKey, the default) or 2 (steps.ChildKeyV2,
+	// which names the run, so that finding the run behind a key needs no
+	// index of every key sent: less WAL and disk per run). A run keeps its
+	// format whichever client executes it. Set 2 once no process of a
+	// release before it runs against the database: such a process would
+	// send format-1 keys for a format-2 run it executes. docs/steps.md.
+	KeyFormat int
+
 	// MaxInline bounds the runs this client executes inline at once (the
 	// executions Start begins, as the API's requests do). A Start beyond
 	// it executes nothing: it creates the run unleased and due at once,
@@ -124,6 +133,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("engine: Config.HeartbeatInterval %s must be positive and shorter than StaleAfter %s", c.HeartbeatInterval, c.StaleAfter)
 	case len(c.ID) > 255:
 		return errors.New("engine: Config.ID is longer than 255 bytes")
+	case c.KeyFormat < 0 || c.KeyFormat > 2:
+		return fmt.Errorf("engine: Config.KeyFormat %d: want 1 or 2 (0: 1)", c.KeyFormat)
 	case c.MaxInline < 0:
 		return fmt.Errorf("engine: Config.MaxInline %d is negative", c.MaxInline)
 	case c.StepTimeout < 0:

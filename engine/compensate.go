@@ -230,11 +230,14 @@ func (c *Client) undo(ctx context.Context, ex *execution, u *compensator) error 
 	if done {
 		return nil
 	}
-	seq := ex.takeSeq()
 	var key steps.Key
 	if u.step != nil {
-		key = steps.ChildKey(ex.run.Tenant, ex.run.ID, name)
+		var err error
+		if key, err = ex.childKey(name); err != nil {
+			return err
+		}
 	}
+	seq := ex.takeSeq()
 	ctx, end := ex.hooks.Phase(ctx, ex.phaseInfo(name, KindCompensation, seq, false, string(key)))
 	var err error
 	if u.step != nil {

@@ -81,6 +81,9 @@ type Run struct {
 	// ErrorStreak counts the retryable failures in a row with the same
 	// error (code and message) as Error.
 	ErrorStreak int `db:"error_streak"`
+	// KeyFormat is the format of the child keys the run's steps send
+	// (1: steps.ChildKey, 2: steps.ChildKeyV2), fixed at its creation.
+	KeyFormat int `db:"key_format"`
 	// Blocked says what an unfinished run waits for and what will move
 	// it. Set by GetRun's siblings that read it (Why, ListRuns); nil
 	// elsewhere and for a finished run.
@@ -124,7 +127,7 @@ type Wait struct {
 const runColumns = `id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
 	status, recovery_point, lease_owner, lease_token, lease_expires_at, attempt, next_attempt_at,
 	output, error, response_status, traceparent, created_at, updated_at, finished_at, expires_at,
-	cancel_requested_at, due_at, waiting_for, pivot, error_streak`
+	cancel_requested_at, due_at, waiting_for, pivot, error_streak, key_format`
 
 // dbtx is what both a pool and a transaction offer.
 type dbtx interface {

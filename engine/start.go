@@ -290,20 +290,21 @@ func existingOutcome(lr *leasedRun, fp []byte) (*StartResult, error) {
 // executes it in the same breath; otherwise it is born pending and unleased.
 const claimKeySQL = `
 INSERT INTO ratchet.runs (id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
-	traceparent, status, lease_owner, lease_token, lease_expires_at, attempt)
+	traceparent, status, lease_owner, lease_token, lease_expires_at, attempt, key_format)
 SELECT $1, $2, $3, $4, $5, $6, $7, nullif($8, ''),
 	CASE WHEN $9 THEN 'running' ELSE 'pending' END,
 	CASE WHEN $9 THEN $10 END,
 	CASE WHEN $9 THEN 1 ELSE 0 END,
 	CASE WHEN $9 THEN now() + $11::interval END,
-	CASE WHEN $9 THEN 1 ELSE 0 END
+	CASE WHEN $9 THEN 1 ELSE 0 END,
+	$12
 ON CONFLICT (tenant, idempotency_key) DO NOTHING
 RETURNING ` + runColumns
 
 func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartParams, input, fp []byte, lease bool) (*Run, bool, error) {
 	run, ok, err := queryRun(ctx, db, claimKeySQL,
 		ulid.Make().String(), p.Tenant, p.IdempotencyKey, def.Name(), def.version(), input, fp,
-		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter)
+		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter, max(c.cfg.KeyFormat, 1))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgerrcode.IsDataException(pgErr.Code) {
 		// A data exception: Postgres refused a value of the input (say, a

@@ -177,3 +177,54 @@ func TestStepTimeoutIsIndeterminateAndRetriedWithSameKey(t *testing.T) {
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, phases[0].Attempts, 2, "the timed-out attempt was retried")
 }
+
+// A client of key format 2 creates runs whose steps send keys that name
+// the run, and the listing finds the run by such a key through its id. A
+// run keeps the format it was created with, whichever client executes it.
+func TestChildKeyFormatIsTheRunsOwn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	gw := fakes.NewGateway(nil)
+	srv := httptest.NewServer(gw)
+	defer srv.Close()
+	workflows := engine.NewWorkflows()
+	registerPay(t, workflows, srv.URL, nil)
+	v1 := b.client(t, workflows, nil)
+	v2 := b.client(t, workflows, &engine.Config{KeyFormat: 2})
+	ctx := context.Background()
+
+	res := startPay(t, ctx, v2, "pay-v2", payment{Amount: 100, Customer: "cus_1"})
+	require.Equal(t, engine.StatusSucceeded, res.Run.Status)
+	require.Equal(t, 2, res.Run.KeyFormat)
+	key, err := steps.ChildKeyV2(engine.DefaultTenant, res.Run.ID, "charge_created")
+	require.NoError(t, err)
+	require.Equal(t, 1, gw.Stats().ChargesByKey[string(key)], "charged once, with the key that names the run")
+	listed, err := v2.ListRuns(ctx, engine.ListParams{ChildKey: string(key)})
+	require.NoError(t, err)
+	require.Len(t, listed, 1)
+	require.Equal(t, res.Run.ID, listed[0].ID)
+	listed, err = v2.ListRuns(ctx, engine.ListParams{ChildKey: string(key.Nth(1))})
+	require.NoError(t, err)
+	require.Empty(t, listed, "a key the run never journaled finds nothing")
+
+	// Created by a client of format 1 whose executor died at once; taken
+	// over by the client of format 2: the key is still of format 1.
+	input, err := json.Marshal(payment{Amount: 200, Customer: "cus_2"})
+	require.NoError(t, err)
+	claimed, err := v1.Claim(ctx, engine.StartParams{Workflow: "pay", IdempotencyKey: "pay-v1", Input: input})
+	require.NoError(t, err)
+	require.Equal(t, 1, claimed.Run.KeyFormat)
+	b.expireLease(t, claimed.Run.ID)
+	run, err := v2.TakeOver(ctx, claimed.Run.ID)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, run.Status)
+	old := steps.ChildKey(engine.DefaultTenant, run.ID, "charge_created")
+	require.Equal(t, 1, gw.Stats().ChargesByKey[string(old)])
+	listed, err = v2.ListRuns(ctx, engine.ListParams{ChildKey: string(old)})
+	require.NoError(t, err)
+	require.Len(t, listed, 1)
+	require.Equal(t, run.ID, listed[0].ID)
+
+	_, err = engine.NewClient(b.pool, &engine.Config{Workflows: workflows, KeyFormat: 3})
+	require.ErrorContains(t, err, "KeyFormat 3")
+}

@@ -21,6 +21,26 @@ func ExampleChildKey() {
 	// rk1_plmuhy6fnnxjnl3oxxxob657sbdt5uo7
 }
 
+// A key of the second format names its run, which Run reads back: the run
+// behind a key downstream reports is found by its id.
+func ExampleChildKeyV2() {
+	key, err := steps.ChildKeyV2("default", "01JD3M5ZQ6V1YQ2W3E4R5T6Y7Z", "charge_created")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(key)
+	fmt.Println(key.Run())
+	fmt.Println(key.Nth(1).Run()) // the second call of the step names the same run
+	_, err = steps.ChildKeyV2("default", "run-1", "charge_created")
+	fmt.Println(err)
+	// Output:
+	// rk2_01jd3m5zq6v1yq2w3e4r5t6y7z_tdf3rbyr2srlte6iex6v7oi2
+	// 01JD3M5ZQ6V1YQ2W3E4R5T6Y7Z true
+	// 01JD3M5ZQ6V1YQ2W3E4R5T6Y7Z true
+	// steps: run id "run-1" is not a canonical ULID
+}
+
 // Classify says what a failed call means for retrying it.
 func ExampleClassify() {
 	for _, err := range []error{

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"encoding/binary"
+	"fmt"
 	"strconv"
 	"strings"
 )
@@ -12,14 +13,23 @@ import (
 // Key is a child idempotency key: what a step sends downstream so that a
 // retried call is the same call.
 //
-// A key is "rk1_" followed by 32 characters of lowercase base32 (a-z, 2-7):
-// 36 bytes, safe in an HTTP header, a URL or a file name.
+// A key of the first format is "rk1_" followed by 32 characters of
+// lowercase base32 (a-z, 2-7): 36 bytes. A key of the second is "rk2_",
+// the run's id in lowercase, "_" and 24 characters of lowercase base32:
+// 55 bytes. Both are safe in an HTTP header, a URL or a file name.
 type Key string
 
-// KeyLen is the length of every Key.
-const KeyLen = 36
+// KeyLen is the length of a key of the first format (ChildKey); KeyLenV2
+// of the second (ChildKeyV2).
+const (
+	KeyLen   = 36
+	KeyLenV2 = 55
+)
 
-const keyPrefix = "rk1_"
+const (
+	keyPrefix   = "rk1_"
+	keyPrefixV2 = "rk2_"
+)
 
 var keyEncoding = base32.StdEncoding.WithPadding(base32.NoPadding)
 
@@ -41,29 +51,91 @@ func ChildKey(tenant, runID, phase string) Key {
 	return derive("ratchet/child-key/v1", tenant, runID, phase)
 }
 
+// ChildKeyV2 derives the key of the step named phase in the run runID of
+// tenant in the second format, which names the run:
+//
+//	"rk2_" + lower(runID) + "_" + lower(base32(SHA-256(
+//	    "ratchet/child-key/v2" ‖ 0x00 ‖ field(tenant) ‖ field(runID) ‖ field(phase)
+//	)[:15]))
+//
+// runID must be a ULID in its canonical form (26 characters of Crockford's
+// base32, upper case), as the engine's run ids are; anything else is an
+// error. Key.Run reads the run back out of the key, so the run that sent a
+// key is found by its id, with no index of every key ever sent. The run id
+// makes the key unique across runs; the 120 bits of hash keep the phases of
+// one run (and tenants) apart.
+//
+// Like ChildKey's, the formula is frozen by golden vectors.
+func ChildKeyV2(tenant, runID, phase string) (Key, error) {
+	if !isULID(runID) {
+		return "", fmt.Errorf("steps: run id %q is not a canonical ULID", runID)
+	}
+	return Key(keyPrefixV2 + strings.ToLower(runID) + "_" + hash("ratchet/child-key/v2", 15, tenant, runID, phase)), nil
+}
+
+// Run returns the id of the run a key of the second format (ChildKeyV2)
+// names, and false for any other string.
+func (k Key) Run() (string, bool) {
+	s := string(k)
+	if len(s) != KeyLenV2 || !strings.HasPrefix(s, keyPrefixV2) || s[30] != '_' {
+		return "", false
+	}
+	id := strings.ToUpper(s[4:30])
+	return id, isULID(id)
+}
+
 // Nth derives the key of the n-th call a step makes with the same key (for
 // a step that calls a downstream several times, e.g. once per line item).
-// Nth(0) is k itself; otherwise the formula is ChildKey's with domain
-// "ratchet/child-key/v1/nth" over field(k) ‖ field(decimal n).
+// Nth(0) is k itself. Otherwise, for a key of the first format, the formula
+// is ChildKey's with domain "ratchet/child-key/v1/nth" over field(k) ‖
+// field(decimal n); for one of the second, k's first 31 characters (the
+// prefix, the run, "_") followed by the hash of ChildKeyV2 with domain
+// "ratchet/child-key/v2/nth" over field(k) ‖ field(decimal n), so that it
+// names the same run.
 func (k Key) Nth(n int) Key {
 	if n == 0 {
 		return k
 	}
+	if _, ok := k.Run(); ok {
+		return k[:31] + Key(hash("ratchet/child-key/v2/nth", 15, string(k), strconv.Itoa(n)))
+	}
 	return derive("ratchet/child-key/v1/nth", string(k), strconv.Itoa(n))
 }
 
+// crockford is the alphabet of ULIDs.
+const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+// isULID reports whether s is a ULID in canonical form: 26 characters of
+// Crockford's base32 in upper case, the first at most 7 (128 bits).
+func isULID(s string) bool {
+	if len(s) != 26 || s[0] > '7' {
+		return false
+	}
+	for i := range len(s) {
+		if !strings.Contains(crockford, s[i:i+1]) {
+			return false
+		}
+	}
+	return true
+}
+
 func derive(domain string, fields ...string) Key {
+	return Key(keyPrefix + hash(domain, 20, fields...))
+}
+
+// hash is lower(base32(SHA-256(domain ‖ 0x00 ‖ field(f)…)[:n])), unpadded.
+func hash(domain string, n int, fields ...string) string {
 	h := sha256.New()
 	h.Write([]byte(domain))
 	h.Write([]byte{0})
-	var n [4]byte
+	var size [4]byte
 	for _, f := range fields {
-		binary.BigEndian.PutUint32(n[:], uint32(len(f)))
-		h.Write(n[:])
+		binary.BigEndian.PutUint32(size[:], uint32(len(f)))
+		h.Write(size[:])
 		h.Write([]byte(f))
 	}
 	sum := h.Sum(nil)
-	return Key(keyPrefix + strings.ToLower(keyEncoding.EncodeToString(sum[:20])))
+	return strings.ToLower(keyEncoding.EncodeToString(sum[:n]))
 }
 
 type keyContextKey struct{}

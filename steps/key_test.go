@@ -32,6 +32,49 @@ func TestChildKeyGoldenVectors(t *testing.T) {
 	require.Equal(t, steps.Key("rk1_plmuhy6fnnxjnl3oxxxob657sbdt5uo7"), k.Nth(1))
 }
 
+// The second format's vectors, computed the same way.
+func TestChildKeyV2GoldenVectors(t *testing.T) {
+	t.Parallel()
+	const run = "01JD3M5ZQ6V1YQ2W3E4R5T6Y7Z"
+	for _, v := range []struct {
+		tenant, run, phase string
+		want               steps.Key
+	}{
+		{"default", run, "charge_created", "rk2_01jd3m5zq6v1yq2w3e4r5t6y7z_tdf3rbyr2srlte6iex6v7oi2"},
+		{"acme", run, "charge_created", "rk2_01jd3m5zq6v1yq2w3e4r5t6y7z_okr5b4mrgqvp6tzs75djdwh2"},
+		{"", "00000000000000000000000000", "", "rk2_00000000000000000000000000_jb6cclplneucidzzqy7jo3kt"},
+		{"default", run, "ünïcode phase", "rk2_01jd3m5zq6v1yq2w3e4r5t6y7z_4co24fm4od4ea4r2angaw5ok"},
+	} {
+		k, err := steps.ChildKeyV2(v.tenant, v.run, v.phase)
+		require.NoError(t, err)
+		require.Equal(t, v.want, k, "%+v", v)
+		require.Len(t, string(k), steps.KeyLenV2)
+		got, ok := k.Run()
+		require.True(t, ok)
+		require.Equal(t, v.run, got, "the key names its run")
+	}
+	k, err := steps.ChildKeyV2("default", run, "charge_created")
+	require.NoError(t, err)
+	require.Equal(t, k, k.Nth(0))
+	require.Equal(t, steps.Key("rk2_01jd3m5zq6v1yq2w3e4r5t6y7z_iwwdtz733cgwlqgxgq6ulhkr"), k.Nth(1))
+	got, ok := k.Nth(7).Run()
+	require.True(t, ok)
+	require.Equal(t, run, got, "an nth key names the same run")
+}
+
+func TestChildKeyV2WantsARunIDThatIsAULID(t *testing.T) {
+	t.Parallel()
+	for _, run := range []string{"", "run-1", "01jd3m5zq6v1yq2w3e4r5t6y7z", "01JD3M5ZQ6V1YQ2W3E4R5T6Y7U", "81JD3M5ZQ6V1YQ2W3E4R5T6Y7Z", "01JD3M5ZQ6V1YQ2W3E4R5T6Y7Z0"} {
+		_, err := steps.ChildKeyV2("t", run, "charge")
+		require.Error(t, err, "%q", run)
+	}
+	for _, k := range []steps.Key{"", "rk1_zx34ejctq23fa3zbukvmdgv3xvxapfor", "rk2_01jd3m5zq6v1yq2w3e4r5t6y7u_tdf3rbyr2srlte6iex6v7oi2",
+		"rk2_01jd3m5zq6v1yq2w3e4r5t6y7z-tdf3rbyr2srlte6iex6v7oi2", "rk2_01jd3m5zq6v1yq2w3e4r5t6y7z_tdf3rbyr2srlte6iex6v7oi"} {
+		_, ok := k.Run()
+		require.False(t, ok, "%q names no run", k)
+	}
+}
+
 func TestChildKeysDifferAcrossRunsPhasesAndFieldBoundaries(t *testing.T) {
 	t.Parallel()
 	keys := []steps.Key{

@@ -28,13 +28,14 @@ type appFlags struct {
 	BankURL    string        `name:"bank-url" env:"RATCHET_BANK_URL" default:"http://127.0.0.1:4244" help:"Bank base URL for the payout example, whose settlement webhooks come back as signals (env RATCHET_BANK_URL)."`
 	Tokens     string        `name:"tokens" env:"RATCHET_TOKENS" help:"API bearer tokens as token=tenant pairs, comma separated (env RATCHET_TOKENS). None: no authentication, tenant \"default\"."`
 	MaxInline  int           `name:"max-inline" env:"RATCHET_MAX_INLINE" default:"32" help:"Runs the API executes inline at once; a start beyond it is answered 202 and left to a worker. Sizes the database pool with the worker's settings (env RATCHET_MAX_INLINE)."`
+	KeyFormat  int           `name:"key-format" env:"RATCHET_KEY_FORMAT" default:"1" enum:"1,2" help:"Child-key format of the runs this process creates: 2 names the run in the key and needs no index of every key sent; set it once no older release runs against the database (env RATCHET_KEY_FORMAT; docs/steps.md)."`
 }
 
 // workerConfig is the service's worker configuration but for what newApp
 // wires (workflows, River workers, logger): enough to size the pool.
 func workerConfig(f appFlags, work bool) *worker.Config {
 	return &worker.Config{
-		Engine:     engine.Config{StaleAfter: f.StaleAfter, MaxInline: f.MaxInline, RunGauges: work},
+		Engine:     engine.Config{StaleAfter: f.StaleAfter, MaxInline: f.MaxInline, RunGauges: work, KeyFormat: f.KeyFormat},
 		InsertOnly: !work,
 		Queues:     map[string]river.QueueConfig{payments.QueueReceipts: {MaxWorkers: 10}},
 	}
