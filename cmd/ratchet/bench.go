@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,7 +15,13 @@ import (
 	"github.com/ratchet-run/ratchet/migrations"
 )
 
+// benchCmd groups the benchmarks; "ratchet bench" alone is engines.
 type benchCmd struct {
+	Engines benchEnginesCmd `cmd:"" default:"withargs" help:"Runs per second, round trips, commits and WAL of a plain engine against a worker's (the default)."`
+	History benchHistoryCmd `cmd:"" help:"WAL, full-page images and bytes per run as history grows, seeding the history by SQL."`
+}
+
+type benchEnginesCmd struct {
 	dbFlags
 	Concurrency int           `name:"concurrency" default:"16" help:"Callers starting runs at once."`
 	Phases      []int         `name:"phases" default:"1,3,10" help:"Workflow sizes, in no-op atomic phases."`
@@ -27,7 +34,7 @@ type benchCmd struct {
 
 // Run measures a plain engine client against a worker's in a database of
 // its own, created on the server of --database-url and dropped afterwards.
-func (c *benchCmd) Run(e *env) error {
+func (c *benchEnginesCmd) Run(e *env) error {
 	switch {
 	case c.Concurrency < 1, c.Runs < 1, c.Rounds < 1, c.Sustained < 0, c.WarmUp < 0:
 		return fmt.Errorf("--concurrency, --runs and --rounds must be positive, --sustained and --warm-up not negative")
@@ -37,39 +44,81 @@ func (c *benchCmd) Run(e *env) error {
 			return fmt.Errorf("--phases %d: want 1..1000", n)
 		}
 	}
-	admin, err := c.connect(e.ctx)
+	pool, counter, done, err := scratchDatabase(e, &c.dbFlags, int32(c.Concurrency)+8) // the worker's poll and River's own connections
 	if err != nil {
 		return err
 	}
-	defer admin.Close()
+	defer done()
+	return bench.Compare(e.ctx, pool, counter, bench.Options{
+		Concurrency: c.Concurrency, Phases: c.Phases, Runs: c.Runs, Rounds: c.Rounds,
+		Sustained: c.Sustained, StaleAfter: c.StaleAfter, WarmUp: c.WarmUp,
+	}, e.stdout, e.stderr)
+}
+
+type benchHistoryCmd struct {
+	dbFlags
+	Sizes       []int `name:"sizes" default:"0,1000000" help:"History sizes to measure at, in runs, ascending (seeded by SQL: about 90 s per million)."`
+	Runs        int   `name:"runs" default:"20000" help:"Runs executed and measured at each size."`
+	Concurrency int   `name:"concurrency" default:"16" help:"Callers starting runs at once."`
+	KeyFormats  []int `name:"key-formats" default:"1,2" help:"Child-key formats measured at each size (engine.Config.KeyFormat)."`
+}
+
+// Run measures the cost of a run at growing history sizes in a database of
+// its own, created on the server of --database-url and dropped afterwards.
+func (c *benchHistoryCmd) Run(e *env) error {
+	if c.Concurrency < 1 || c.Runs < 1 || len(c.Sizes) == 0 || !slices.IsSorted(c.Sizes) || c.Sizes[0] < 0 {
+		return fmt.Errorf("--concurrency and --runs must be positive, --sizes not negative and ascending")
+	}
+	pool, _, done, err := scratchDatabase(e, &c.dbFlags, int32(c.Concurrency)+2)
+	if err != nil {
+		return err
+	}
+	defer done()
+	for _, f := range c.KeyFormats {
+		if f != 1 && f != 2 {
+			return fmt.Errorf("--key-formats %d: want 1 or 2", f)
+		}
+	}
+	return bench.History(e.ctx, pool, bench.HistoryOptions{Sizes: c.Sizes, Runs: c.Runs, Concurrency: c.Concurrency, KeyFormats: c.KeyFormats}, e.stdout, e.stderr)
+}
+
+// scratchDatabase creates a migrated database of its own on the server of
+// flags, with a pool of conns connections whose statements a counter
+// traces; done closes the pool and drops the database.
+func scratchDatabase(e *env, flags *dbFlags, conns int32) (*pgxpool.Pool, *bench.Counter, func(), error) {
+	c := flags
+	admin, err := c.connect(e.ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	name := "ratchet_bench_" + strings.ToLower(ulid.Make().String()[16:])
 	if _, err := admin.Exec(e.ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return fmt.Errorf("create a scratch database for the benchmark (the role needs CREATEDB): %s", reason(err))
+		admin.Close()
+		return nil, nil, nil, fmt.Errorf("create a scratch database for the benchmark (the role needs CREATEDB): %s", reason(err))
 	}
-	defer func() {
+	drop := func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(e.ctx), 30*time.Second)
 		defer cancel()
 		if _, err := admin.Exec(ctx, "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
 			fmt.Fprintf(e.stderr, "ratchet: could not drop scratch database %s: %s\n", name, reason(err))
 		}
-	}()
-
+		admin.Close()
+	}
 	cfg := admin.Config().Copy()
 	cfg.ConnConfig.Database = name
-	cfg.MaxConns = int32(c.Concurrency) + 8 // the worker's poll and River's own connections
+	cfg.MaxConns = conns
 	counter := &bench.Counter{}
 	cfg.ConnConfig.Tracer = counter
 	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
 	if err != nil {
-		return err
+		drop()
+		return nil, nil, nil, err
 	}
-	defer pool.Close()
+	done := func() { pool.Close(); drop() }
 	if _, err := migrations.Apply(e.ctx, pool, nil); err != nil {
-		return err
+		done()
+		return nil, nil, nil, err
 	}
 	fmt.Fprintf(e.stderr, "benchmarking in scratch database %s on %s\n", name, c.where())
-	return bench.Compare(e.ctx, pool, counter, bench.Options{
-		Concurrency: c.Concurrency, Phases: c.Phases, Runs: c.Runs, Rounds: c.Rounds,
-		Sustained: c.Sustained, StaleAfter: c.StaleAfter, WarmUp: c.WarmUp,
-	}, e.stdout, e.stderr)
+	return pool, counter, done, nil
 }
