@@ -237,6 +237,29 @@ func TestBenchComparesBothEnginesInAScratchDatabaseItDrops(t *testing.T) {
 	require.Contains(t, errOut, "--phases 0")
 }
 
+// bench history measures each child-key format at each history size, with
+// the tables' and indexes' bytes per run, and drops its scratch database.
+func TestBenchHistoryMeasuresEachSizeAndKeyFormat(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewURL(t)
+	code, out, errOut := runMain(t, "bench", "history", "--database-url", url, "--sizes", "0,2000", "--runs", "40", "--concurrency", "4")
+	require.Equal(t, 0, code, errOut)
+	for _, row := range []string{`(?m)^\s+0\s+1\s+\d+`, `(?m)^\s+0\s+2\s+\d+`, `(?m)^\s+2000\s+1\s+\d+`, `(?m)^\s+2000\s+2\s+\d+.*×\s*$`,
+		`(?m)^\s+phases_child_key_idx\s+\d+\s*$`, `(?m)^\s+runs\s+\d+\s*$`} {
+		require.Regexp(t, row, out)
+	}
+	require.Contains(t, errOut, "seeded 2000 of 2000 runs")
+	scratch := regexp.MustCompile(`ratchet_bench_[0-9a-z]+`).FindString(errOut)
+	pool := testdb.Connect(t, url, nil)
+	var left int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_database WHERE datname = $1`, scratch).Scan(&left))
+	require.Zero(t, left, "the scratch database is dropped")
+
+	code, _, errOut = runMain(t, "bench", "history", "--database-url", url, "--sizes", "1000,0")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "ascending")
+}
+
 // serve sizes its pool from its settings: the API's inline executions,
 // the worker's resumed ones and River's; a URL's pool_max_conns wins, with
 // a warning when it is too small.
