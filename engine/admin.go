@@ -298,8 +298,10 @@ func listRunsSQL(p *ListParams) (string, []any) {
 	} else if p.ChildKey != "" {
 		// The index of keys of format 1 (migration 0011) holds no key of
 		// format 2; the clause that says so lets the planner use it.
-		where = append(where, "r.id IN (SELECT ph.run_id FROM ratchet.phases ph WHERE ph.child_key = "+arg(p.ChildKey)+
-			` AND ph.child_key NOT LIKE 'rk2\_%')`)
+		// The runs are looked up by the ids it yields (an InitPlan run
+		// once), whatever else filters them.
+		where = append(where, "r.id = ANY (ARRAY(SELECT ph.run_id FROM ratchet.phases ph WHERE ph.child_key = "+arg(p.ChildKey)+
+			` AND ph.child_key NOT LIKE 'rk2\_%'))`)
 	}
 	if p.Status != "" {
 		where = append(where, "r.status = "+arg(string(p.Status)))
@@ -322,12 +324,12 @@ ORDER BY r.id COLLATE "C" DESC LIMIT ` + limit
 	}
 	var body string
 	switch {
+	case p.IdempotencyKey != "" || p.ChildKey != "":
+		body = page(workflow) // a run or a few, found by their key
 	case p.Blocked != "" || (p.Status != "" && !p.Status.Finished()):
 		body = page(workflow, "r.finished_at IS NULL")
 	case p.Status != "":
 		body = page(workflow, "r.finished_at IS NOT NULL")
-	case p.IdempotencyKey != "" || p.ChildKey != "":
-		body = page(workflow) // a run or a few, found by their key
 	default:
 		// The unfinished runs, and the finished runs of each status (by
 		// workflow too, if one is asked), each range read newest first,
