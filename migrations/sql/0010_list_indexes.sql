@@ -29,3 +29,13 @@ CREATE INDEX runs_unfinished_idx ON ratchet.runs (tenant, id COLLATE "C") WHERE 
 -- random pages written whole after each checkpoint.
 CREATE INDEX runs_finished_status_idx ON ratchet.runs (tenant, status, id COLLATE "C") WHERE finished_at IS NOT NULL;
 CREATE INDEX runs_finished_workflow_idx ON ratchet.runs (tenant, workflow, status, id COLLATE "C") WHERE finished_at IS NOT NULL;
+
+-- The index of runs awaiting a signal by correlation key covered every
+-- waiting run, so a listing of waiting runs could read it: in whole, and
+-- sort what it read, where the statistics of a large history (in which a
+-- waiting run is rare) made it look like a row or two. It now covers the
+-- runs awaiting a signal, which the delivery's lookup states and the
+-- listing does not.
+DROP INDEX ratchet.runs_awaiting_idx;
+CREATE INDEX runs_awaiting_idx ON ratchet.runs (tenant, (waiting_for->>'signal'), (waiting_for->>'correlation_key'))
+    WHERE status = 'waiting' AND (waiting_for->>'signal') IS NOT NULL;
