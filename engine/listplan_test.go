@@ -43,7 +43,7 @@ func listShapes(n int) []engine.ListParams {
 				p.Workflow = "audit"
 			}
 			if mask&2 != 0 {
-				p.IdempotencyKey = "order-1007"
+				p.IdempotencyKey = bench.HistoryKey("1007")
 			}
 			if mask&4 != 0 {
 				p.ChildKey = "child-key" // replaced by a seeded key

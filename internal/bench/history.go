@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/md5"
 	"fmt"
 	"io"
 	"slices"
@@ -21,15 +22,18 @@ import (
 // The runs in flight are among the newest 10,000 (a third of those:
 // pending, running, sleeping, compensating); the older ones finished:
 // 97.5% succeeded, the rest failed, cancelled or compensated. Ids grow
-// with i as ULIDs grow with time; idempotency keys and child keys are
-// scattered as real ones are.
+// with i as ULIDs grow with time. Idempotency keys ("order-" and 32 hex
+// digits) and child keys ("rk1_" and 32 characters spread over the
+// alphabet of real ones) are scattered as real ones are, so that a new
+// run's keys land at random places among them (HistoryKey makes a new
+// run's idempotency key alike).
 var seedHistorySQL = []string{`
 INSERT INTO ratchet.runs (id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
 	status, recovery_point, lease_owner, lease_token, lease_expires_at, attempt, next_attempt_at,
 	output, created_at, updated_at, finished_at, expires_at, waiting_for)
 SELECT lpad(i::text, 26, '0'),
 	CASE WHEN i % 50 = 0 THEN 'acme' ELSE 'default' END,
-	'order-' || i,
+	'order-' || md5(i::text),
 	CASE WHEN i % 1000 = 7 THEN 'audit' ELSE (ARRAY['payment', 'refund', 'payout', 'order', 'invoice'])[1 + i % 5] END,
 	1, jsonb_build_object('amount', i % 9000), sha256(i::text::bytea),
 	s.status, 'receipt_sent',
@@ -50,7 +54,8 @@ LATERAL (SELECT st AS status, st IN ('succeeded', 'failed', 'cancelled', 'compen
 	WHEN i % 1000 < 995 THEN 'cancelled' ELSE 'compensated' END AS st) x) s`, `
 INSERT INTO ratchet.phases (run_id, seq, name, kind, output, child_key, attempts, started_at, finished_at, execution)
 SELECT lpad(i::text, 26, '0'), p.seq, p.name, p.kind, to_jsonb(i),
-	CASE WHEN p.kind = 'step' THEN 'rk1_' || md5(i::text || p.name) END, 1, now(), now(), 1
+	CASE WHEN p.kind = 'step' THEN 'rk1_' || substr(lower(translate(encode(sha256((i::text || p.name)::bytea), 'base64'), '+/=', 'abc')), 1, 32) END,
+	1, now(), now(), 1
 FROM generate_series($1::bigint, $2::bigint) i,
 	(VALUES (0, 'charged', 'step'), (1, 'ledger_posted', 'atomic'), (2, 'receipt_sent', 'step')) p(seq, name, kind)
 WHERE $3 > 0`}
@@ -164,7 +169,7 @@ func History(ctx context.Context, pool *pgxpool.Pool, opts HistoryOptions, out, 
 			fmt.Fprintf(progress, "history of %d runs: executing %d runs, child keys of format %d\n", seeded+executed, opts.Runs, format)
 			c := clients[format]
 			res, err := Drive(ctx, opts.Concurrency, opts.Runs, 0, func(ctx context.Context, i int) error {
-				key := fmt.Sprintf("bench-%d-%d-%d", size, format, i)
+				key := HistoryKey(fmt.Sprintf("bench-%d-%d-%d", size, format, i))
 				res, err := c.Start(ctx, engine.StartParams{Workflow: "payment3", IdempotencyKey: key, Input: []byte(`{}`)})
 				if err == nil && res.Run.Status != engine.StatusSucceeded {
 					err = fmt.Errorf("run %s ended %s", key, res.Run.Status)
@@ -212,6 +217,12 @@ func History(ctx context.Context, pool *pgxpool.Pool, opts HistoryOptions, out, 
 		fmt.Fprintf(tw, "%s\t%.0f\t\n", s.name, float64(s.bytes)/float64(total))
 	}
 	return tw.Flush()
+}
+
+// HistoryKey is an idempotency key like the seeded history's: "order-"
+// and the MD5 of seed in hex.
+func HistoryKey(seed string) string {
+	return fmt.Sprintf("order-%x", md5.Sum([]byte(seed)))
 }
 
 // walStats are pg_stat_wal's counters.
