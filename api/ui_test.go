@@ -93,8 +93,15 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	chargeID := start("charge", "c1", `{"customer":"cus_1","amount":12}`)
 	compensatedID := start("saga", "s1", `{"customer":"cus_closed","amount":5}`)
 	approvalID := start("saga", "s2", `{"customer":"cus_2","amount":9}`)
+	// A run executing (it waits for the test's release): answered once
+	// claimed.
+	r := b.start(t, "slow", "w1", `{"value":"x"}`, "Authorization", "Bearer tok", "Prefer", "wait=0")
+	require.Equal(t, http.StatusAccepted, r.status, "%s", r)
+	runningID := decode[struct {
+		ID string `json:"id"`
+	}](t, r).ID
 	require.NoError(t, b.engine.Announce(context.Background(), time.Minute))
-	const all = 7
+	const all = 8
 
 	rows := func(sel string) int {
 		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](fmt.Sprintf(`document.querySelectorAll(%q).length`, sel)))
@@ -126,6 +133,9 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`#token-form button`)),
 		chromedp.WaitVisible(chromedp.CSS(`tr.run-row`))))
 	require.Equal(t, all, rows(`tr.run-row`))
+	require.Equal(t, 1, rows(`tr.run-row[data-id="`+runningID+`"][data-status="running"][data-blocked="executing"]`))
+	require.Equal(t, 1, rows(`tr.run-row[data-status="compensated"]`))
+	require.Equal(t, 1, rows(`tr.run-row[data-status="failed"]`))
 
 	// The blocked-reason filter offers every reason the engine decides.
 	options, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](
