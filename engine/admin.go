@@ -335,7 +335,7 @@ ORDER BY r.id COLLATE "C" DESC LIMIT ` + limit
 		// workflow too, if one is asked), each range read newest first,
 		// merged.
 		branches := []string{page(workflow, "r.finished_at IS NULL")}
-		for _, st := range []Status{StatusSucceeded, StatusFailed, StatusCancelled, StatusCompensated} {
+		for _, st := range finishedStatuses {
 			branches = append(branches, page(workflow, "r.finished_at IS NOT NULL", "r.status = '"+string(st)+"'"))
 		}
 		body = `SELECT * FROM ((` + strings.Join(branches, ")\nUNION ALL\n(") + `)) u
@@ -366,14 +366,11 @@ func (c *Client) ListRuns(ctx context.Context, p ListParams) ([]Run, error) {
 			return nil, fmt.Errorf("%w: %s is not valid UTF-8 text without U+0000", ErrInvalidListParams, f.name)
 		}
 	}
-	switch p.Status {
-	case "", StatusPending, StatusRunning, StatusWaiting, StatusCompensating,
-		StatusSucceeded, StatusFailed, StatusCancelled, StatusCompensated:
-	default:
-		return nil, fmt.Errorf("%w: status %q is not a run status", ErrInvalidListParams, p.Status)
+	if p.Status != "" && !p.Status.Finished() && !slices.Contains(unfinishedStatuses, p.Status) {
+		return nil, fmt.Errorf("%w: status must be one of %v", ErrInvalidListParams, append(slices.Clone(unfinishedStatuses), finishedStatuses...))
 	}
 	if p.Blocked != "" && !slices.Contains(BlockedReasons(), p.Blocked) {
-		return nil, fmt.Errorf("%w: blocked %q is not a blocked reason", ErrInvalidListParams, p.Blocked)
+		return nil, fmt.Errorf("%w: blocked must be one of %v", ErrInvalidListParams, BlockedReasons())
 	}
 	if p.Blocked != "" && p.Status.Finished() {
 		return nil, nil // only an unfinished run is blocked

@@ -117,6 +117,9 @@ func (c *Config) withDefaults() *Config {
 	if out.StepTimeout == 0 {
 		out.StepTimeout = 30 * time.Second
 	}
+	if out.KeyFormat == 0 {
+		out.KeyFormat = 1
+	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -133,8 +136,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("engine: Config.HeartbeatInterval %s must be positive and shorter than StaleAfter %s", c.HeartbeatInterval, c.StaleAfter)
 	case len(c.ID) > 255:
 		return errors.New("engine: Config.ID is longer than 255 bytes")
-	case c.KeyFormat < 0 || c.KeyFormat > 2:
-		return fmt.Errorf("engine: Config.KeyFormat %d: want 1 or 2 (0: 1)", c.KeyFormat)
+	case c.KeyFormat != 1 && c.KeyFormat != 2:
+		return fmt.Errorf("engine: Config.KeyFormat %d: want 1 or 2", c.KeyFormat)
 	case c.MaxInline < 0:
 		return fmt.Errorf("engine: Config.MaxInline %d is negative", c.MaxInline)
 	case c.StepTimeout < 0:

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgerrcode"
@@ -32,9 +33,15 @@ const (
 	StatusCompensated Status = "compensated"
 )
 
+// The statuses of a run in flight, and the terminal ones.
+var (
+	unfinishedStatuses = []Status{StatusPending, StatusRunning, StatusWaiting, StatusCompensating}
+	finishedStatuses   = []Status{StatusSucceeded, StatusFailed, StatusCancelled, StatusCompensated}
+)
+
 // Finished reports whether s is a terminal status.
 func (s Status) Finished() bool {
-	return s == StatusSucceeded || s == StatusFailed || s == StatusCancelled || s == StatusCompensated
+	return slices.Contains(finishedStatuses, s)
 }
 
 // Run is a snapshot of one run's row.

@@ -304,7 +304,7 @@ RETURNING ` + runColumns
 func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartParams, input, fp []byte, lease bool) (*Run, bool, error) {
 	run, ok, err := queryRun(ctx, db, claimKeySQL,
 		ulid.Make().String(), p.Tenant, p.IdempotencyKey, def.Name(), def.version(), input, fp,
-		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter, max(c.cfg.KeyFormat, 1))
+		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter, c.cfg.KeyFormat)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgerrcode.IsDataException(pgErr.Code) {
 		// A data exception: Postgres refused a value of the input (say, a
