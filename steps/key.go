@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/oklog/ulid/v2"
 )
 
 // Key is a child idempotency key: what a step sends downstream so that a
@@ -102,21 +104,11 @@ func (k Key) Nth(n int) Key {
 	return derive("ratchet/child-key/v1/nth", string(k), strconv.Itoa(n))
 }
 
-// crockford is the alphabet of ULIDs.
-const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-
-// isULID reports whether s is a ULID in canonical form: 26 characters of
-// Crockford's base32 in upper case, the first at most 7 (128 bits).
+// isULID reports whether s is a ULID in canonical form: as the engine
+// writes run ids, 26 characters of Crockford's base32 in upper case.
 func isULID(s string) bool {
-	if len(s) != 26 || s[0] > '7' {
-		return false
-	}
-	for i := range len(s) {
-		if !strings.Contains(crockford, s[i:i+1]) {
-			return false
-		}
-	}
-	return true
+	id, err := ulid.ParseStrict(s)
+	return err == nil && id.String() == s
 }
 
 func derive(domain string, fields ...string) Key {
