@@ -204,16 +204,28 @@ SELECT committed, coalesce((SELECT cancel FROM advanced), false),
 		FROM ratchet.runs WHERE id = $1), false) END
 FROM (SELECT EXISTS (SELECT 1 FROM journaled) AS committed) outcome`
 
-// commitPhase runs commitPhaseSQL on db (the phase's transaction, or the
-// pool for a step). A refused commit returns ErrCancelled (the run is to
-// stop here) or a lease-lost error (the execution is cancelled); either
-// way the caller must roll back. cancel reports a cancellation to honour at
-// the next boundary.
-func (ex *execution) commitPhase(ctx context.Context, db dbtx, p phaseRecord) (cancel bool, err error) {
+// commitPhase runs commitPhaseSQL in tx (an atomic phase's transaction),
+// or, when tx is nil (a step's result), by itself through the client's
+// coalescer. A refused commit returns ErrCancelled (the run is to stop
+// here) or a lease-lost error (the execution is cancelled); either way the
+// caller must roll back. cancel reports a cancellation to honour at the
+// next boundary.
+func (ex *execution) commitPhase(ctx context.Context, tx pgx.Tx, p phaseRecord) (cancel bool, err error) {
 	var committed, refusedForCancel bool
-	err = db.QueryRow(ctx, commitPhaseSQL,
-		ex.run.ID, ex.run.LeaseToken, p.name, p.seq, p.kind, p.output, p.childKey, p.attempts, p.err, p.startedAt,
-		p.kind != KindAtomic, p.compensable, p.pivot).Scan(&committed, &cancel, &refusedForCancel)
+	args := []any{ex.run.ID, ex.run.LeaseToken, p.name, p.seq, p.kind, p.output, p.childKey, p.attempts, p.err, p.startedAt,
+		p.kind != KindAtomic, p.compensable, p.pivot}
+	read := scanOne(&committed, &cancel, &refusedForCancel)
+	var db dbtx = ex.c.pool
+	if tx != nil {
+		db = tx
+		rows, qerr := tx.Query(ctx, commitPhaseSQL, args...)
+		err = qerr
+		if err == nil {
+			err = read(rows)
+		}
+	} else {
+		err = ex.c.commits.query(ctx, commitPhaseSQL, args, read)
+	}
 	switch {
 	case err != nil:
 		return false, ex.breakOff(fmt.Errorf("engine: phase %q: commit journal: %w", p.name, err))
@@ -248,7 +260,7 @@ func (ex *execution) commitFailure(ctx context.Context, rec phaseRecord, failure
 	}
 	commitCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepCommitTimeout)
 	defer cancel()
-	cancelled, err := ex.commitPhase(commitCtx, ex.c.pool, rec)
+	cancelled, err := ex.commitPhase(commitCtx, nil, rec)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,8 +23,9 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultStaleAfter = 30 * time.Second
-	DefaultTenant     = "default"
+	DefaultStaleAfter   = 30 * time.Second
+	DefaultTenant       = "default"
+	DefaultCommitWindow = 500 * time.Microsecond
 )
 
 // Config configures a Client. The zero value of every field selects its
@@ -61,6 +63,15 @@ type Config struct {
 	// connections inline executions take (see worker.Config.Connections).
 	// Zero: no bound.
 	MaxInline int
+
+	// CommitWindow is how long a step's result or a run's finish, each one
+	// fenced statement, may wait for those of other executions in this
+	// process to be sent to Postgres with it: one round trip and one commit
+	// for all (each still fenced on its own; see docs/performance.md).
+	// A batch is sent sooner when every execution in progress has joined
+	// it, so that a lone execution does not wait. Defaults to
+	// DefaultCommitWindow; a negative value sends every statement alone.
+	CommitWindow time.Duration
 
 	// Retry says when a run that failed retryably is executed again, and
 	// when it gives up, for workflows without a RetryPolicy of their own
@@ -117,6 +128,9 @@ func (c *Config) withDefaults() *Config {
 	if out.StepTimeout == 0 {
 		out.StepTimeout = 30 * time.Second
 	}
+	if out.CommitWindow == 0 {
+		out.CommitWindow = DefaultCommitWindow
+	}
 	if out.KeyFormat == 0 {
 		out.KeyFormat = 1
 	}
@@ -138,6 +152,8 @@ func (c *Config) validate() error {
 		return errors.New("engine: Config.ID is longer than 255 bytes")
 	case c.KeyFormat != 1 && c.KeyFormat != 2:
 		return fmt.Errorf("engine: Config.KeyFormat %d: want 1 or 2", c.KeyFormat)
+	case c.CommitWindow > time.Second:
+		return fmt.Errorf("engine: Config.CommitWindow %s is longer than a second", c.CommitWindow)
 	case c.MaxInline < 0:
 		return fmt.Errorf("engine: Config.MaxInline %d is negative", c.MaxInline)
 	case c.StepTimeout < 0:
@@ -163,6 +179,12 @@ type Client struct {
 
 	// inline holds a token per inline execution when MaxInline bounds them.
 	inline chan struct{}
+
+	// commits sends fenced one-statement commits, coalesced.
+	commits *coalescer
+	// executing counts the executions in progress (as executions does),
+	// read by the coalescer without c.mu.
+	executing atomic.Int64
 
 	mu          sync.Mutex
 	active      int                     // Start, TakeOver and Continue calls and detached executions in progress
@@ -208,6 +230,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		// with BEGIN as one simple-protocol message: no extra round trip.
 		beginPhase: fmt.Sprintf("BEGIN; SET LOCAL idle_in_transaction_session_timeout = %d", cfg.StaleAfter.Milliseconds()),
 	}
+	c.commits = &coalescer{pool: pool, window: cfg.CommitWindow, executing: &c.executing}
 	if cfg.RunGauges {
 		mp := cfg.MeterProvider
 		if mp == nil {

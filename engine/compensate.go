@@ -289,7 +289,7 @@ func (c *Client) undoStep(ctx context.Context, ex *execution, u *compensator, se
 	// stopped, as a step's result is.
 	commitCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), stepCommitTimeout)
 	defer cancel()
-	_, err = ex.commitPhase(commitCtx, c.pool, phaseRecord{seq: seq, name: name, kind: KindCompensation, output: []byte("null"),
+	_, err = ex.commitPhase(commitCtx, nil, phaseRecord{seq: seq, name: name, kind: KindCompensation, output: []byte("null"),
 		childKey: (*string)(&key), attempts: attempts, startedAt: &started})
 	return err
 }

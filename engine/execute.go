@@ -262,7 +262,7 @@ WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
 RETURNING ` + runColumns
 
 func (c *Client) finish(ctx context.Context, ex *execution, status Status, output []byte, runErr *RunError) (*Run, error) {
-	run, ok, err := queryRun(ctx, c.pool, finishSQL,
+	run, ok, err := c.commits.queryRun(ctx, finishSQL,
 		ex.run.ID, ex.run.LeaseToken, status, output, runErr, ex.def.ttl(status), ex.def.responseStatus(status, runErr))
 	if err != nil {
 		return nil, fmt.Errorf("engine: finish run %s: %w", ex.run.ID, err)

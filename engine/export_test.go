@@ -28,3 +28,9 @@ const BlockedReasonSQL = blockedReasonSQL
 
 // GateRunsSQL pages through the unfinished runs for the deploy gate.
 const GateRunsSQL = gateRunsSQL
+
+// CommitBatches reports the client's coalesced batches: sent, the
+// statements in them, and those the server refused.
+func (c *Client) CommitBatches() (batches, statements, refused int64) {
+	return c.commits.batches.Load(), c.commits.statements.Load(), c.commits.refused.Load()
+}

@@ -72,7 +72,7 @@ func Patched(ctx context.Context, id string) bool {
 		return true
 	}
 	ctx, end := ex.hooks.Phase(ctx, ex.phaseInfo(name, KindPatch, seq, false, ""))
-	cancel, err := ex.commitPhase(ctx, ex.c.pool, phaseRecord{seq: seq, name: name, kind: KindPatch, output: []byte("null"), attempts: 1})
+	cancel, err := ex.commitPhase(ctx, nil, phaseRecord{seq: seq, name: name, kind: KindPatch, output: []byte("null"), attempts: 1})
 	end(err)
 	if err == nil {
 		ex.committed(name, cancel)

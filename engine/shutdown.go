@@ -61,9 +61,11 @@ func (c *Client) track(ex *execution) (untrack func()) {
 		ex.lose(ErrShutdown)
 	}
 	c.executions[ex] = struct{}{}
+	c.executing.Add(1)
 	return func() {
 		c.mu.Lock()
 		delete(c.executions, ex)
+		c.executing.Add(-1)
 		c.mu.Unlock()
 	}
 }

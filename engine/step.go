@@ -181,7 +181,7 @@ func runStep[T any](ctx context.Context, ex *execution, seq int, name string, ke
 	}
 	rec.output = raw
 	rec.compensable = opts.Compensate != nil
-	cancel, err := ex.commitPhase(commitCtx, ex.c.pool, rec)
+	cancel, err := ex.commitPhase(commitCtx, nil, rec)
 	if err != nil {
 		return zero, err
 	}

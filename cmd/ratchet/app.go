@@ -22,23 +22,34 @@ import (
 // appFlags configure the Ratchet service that serve, worker and dev run:
 // the example workflows, their downstreams, the engine and the API.
 type appFlags struct {
-	StaleAfter time.Duration `name:"stale-after" env:"RATCHET_STALE_AFTER" default:"30s" help:"Lease length: how long a run whose executor died waits before another process takes it over (env RATCHET_STALE_AFTER)."`
-	GatewayURL string        `name:"gateway-url" env:"RATCHET_GATEWAY_URL" default:"http://127.0.0.1:4242" help:"Payment gateway base URL (env RATCHET_GATEWAY_URL)."`
-	MailURL    string        `name:"mail-url" env:"RATCHET_MAIL_URL" default:"http://127.0.0.1:4243" help:"Mail service base URL (env RATCHET_MAIL_URL)."`
-	BankURL    string        `name:"bank-url" env:"RATCHET_BANK_URL" default:"http://127.0.0.1:4244" help:"Bank base URL for the payout example, whose settlement webhooks come back as signals (env RATCHET_BANK_URL)."`
-	Tokens     string        `name:"tokens" env:"RATCHET_TOKENS" help:"API bearer tokens as token=tenant pairs, comma separated (env RATCHET_TOKENS). None: no authentication, tenant \"default\"."`
-	MaxInline  int           `name:"max-inline" env:"RATCHET_MAX_INLINE" default:"32" help:"Runs the API executes inline at once; a start beyond it is answered 202 and left to a worker. Sizes the database pool with the worker's settings (env RATCHET_MAX_INLINE)."`
-	KeyFormat  int           `name:"key-format" env:"RATCHET_KEY_FORMAT" default:"1" enum:"1,2" help:"Child-key format of the runs this process creates: 2 names the run in the key and needs no index of every key sent; set it once no older release runs against the database (env RATCHET_KEY_FORMAT; docs/steps.md)."`
+	StaleAfter   time.Duration `name:"stale-after" env:"RATCHET_STALE_AFTER" default:"30s" help:"Lease length: how long a run whose executor died waits before another process takes it over (env RATCHET_STALE_AFTER)."`
+	GatewayURL   string        `name:"gateway-url" env:"RATCHET_GATEWAY_URL" default:"http://127.0.0.1:4242" help:"Payment gateway base URL (env RATCHET_GATEWAY_URL)."`
+	MailURL      string        `name:"mail-url" env:"RATCHET_MAIL_URL" default:"http://127.0.0.1:4243" help:"Mail service base URL (env RATCHET_MAIL_URL)."`
+	BankURL      string        `name:"bank-url" env:"RATCHET_BANK_URL" default:"http://127.0.0.1:4244" help:"Bank base URL for the payout example, whose settlement webhooks come back as signals (env RATCHET_BANK_URL)."`
+	Tokens       string        `name:"tokens" env:"RATCHET_TOKENS" help:"API bearer tokens as token=tenant pairs, comma separated (env RATCHET_TOKENS). None: no authentication, tenant \"default\"."`
+	MaxInline    int           `name:"max-inline" env:"RATCHET_MAX_INLINE" default:"32" help:"Runs the API executes inline at once; a start beyond it is answered 202 and left to a worker. Sizes the database pool with the worker's settings (env RATCHET_MAX_INLINE)."`
+	CommitWindow time.Duration `name:"commit-window" env:"RATCHET_COMMIT_WINDOW" default:"500us" help:"How long a step's result or a run's finish may wait for those of other runs this process executes, to be committed together in one round trip; 0 commits each alone (env RATCHET_COMMIT_WINDOW; docs/performance.md)."`
+	KeyFormat    int           `name:"key-format" env:"RATCHET_KEY_FORMAT" default:"1" enum:"1,2" help:"Child-key format of the runs this process creates: 2 names the run in the key and needs no index of every key sent; set it once no older release runs against the database (env RATCHET_KEY_FORMAT; docs/steps.md)."`
 }
 
 // workerConfig is the service's worker configuration but for what newApp
 // wires (workflows, River workers, logger): enough to size the pool.
 func workerConfig(f appFlags, work bool) *worker.Config {
 	return &worker.Config{
-		Engine:     engine.Config{StaleAfter: f.StaleAfter, MaxInline: f.MaxInline, RunGauges: work, KeyFormat: f.KeyFormat},
+		Engine: engine.Config{StaleAfter: f.StaleAfter, MaxInline: f.MaxInline, RunGauges: work, KeyFormat: f.KeyFormat,
+			CommitWindow: commitWindow(f.CommitWindow)},
 		InsertOnly: !work,
 		Queues:     map[string]river.QueueConfig{payments.QueueReceipts: {MaxWorkers: 10}},
 	}
+}
+
+// commitWindow maps the flag (0: off) to engine.Config.CommitWindow (0:
+// the default, negative: off).
+func commitWindow(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // app is a running service's parts.

@@ -19,6 +19,36 @@ import (
 type benchCmd struct {
 	Engines benchEnginesCmd `cmd:"" default:"withargs" help:"Runs per second, round trips, commits and WAL of a plain engine against a worker's (the default)."`
 	History benchHistoryCmd `cmd:"" help:"WAL, full-page images and bytes per run as history grows, seeding the history by SQL."`
+	Commits benchCommitsCmd `cmd:"" help:"Phase commits per second with commit coalescing off and on, against one durable transaction per phase."`
+}
+
+type benchCommitsCmd struct {
+	dbFlags
+	Concurrency []int         `name:"concurrency" default:"16,64" help:"Numbers of callers measured."`
+	Runs        int           `name:"runs" default:"3000" help:"Runs (or bare transactions) per measurement."`
+	Rounds      int           `name:"rounds" default:"5" help:"Measurements per configuration and concurrency, in turn; medians are shown."`
+	Window      time.Duration `name:"window" default:"500us" help:"The engine's commit window when coalescing."`
+}
+
+// Run measures commit coalescing in a database of its own, created on the
+// server of --database-url and dropped afterwards.
+func (c *benchCommitsCmd) Run(e *env) error {
+	if c.Runs < 1 || c.Rounds < 1 || c.Window <= 0 || c.Window > time.Second || len(c.Concurrency) == 0 {
+		return fmt.Errorf("--runs and --rounds must be positive, --window within (0, 1s], --concurrency given")
+	}
+	for _, n := range c.Concurrency {
+		if n < 1 || n > 1000 {
+			return fmt.Errorf("--concurrency %d: want 1..1000", n)
+		}
+	}
+	pool, counter, done, err := scratchDatabase(e, &c.dbFlags, int32(slices.Max(c.Concurrency))+4)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return bench.Commits(e.ctx, pool, counter, bench.CommitsOptions{
+		Concurrencies: c.Concurrency, Runs: c.Runs, Rounds: c.Rounds, Window: c.Window,
+	}, e.stdout, e.stderr)
 }
 
 type benchEnginesCmd struct {

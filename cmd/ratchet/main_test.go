@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -223,7 +225,13 @@ func TestBenchComparesBothEnginesInAScratchDatabaseItDrops(t *testing.T) {
 	for _, row := range []string{`(?m)^\s+1\s+plain\s+\d+`, `(?m)^\s+1\s+worker\s+\d+.*\d\.\d{3} \(\d\.\d{2}–\d\.\d{2}\)\s*$`, `(?m)^\s+2\s+worker\s+`} {
 		require.Regexp(t, row, out)
 	}
-	require.Regexp(t, `(?m)^\s+1\s+plain\s+\d+\s+\S+\s+\S+\s+5\.00\s+3\.00\s`, out, "a 1-phase run is 5 round trips and 3 commits")
+	// A 1-phase run is 5 round trips and 3 commits alone (start; BEGIN,
+	// the phase, COMMIT; finish); finishes of concurrent runs coalesce.
+	costs := regexp.MustCompile(`(?m)^\s+1\s+plain\s+\d+\s+\S+\s+\S+\s+(\d+\.\d\d)\s+(\d+\.\d\d)\s`).FindStringSubmatch(out)
+	require.NotNil(t, costs, out)
+	trips, commits := mustFloat(t, costs[1]), mustFloat(t, costs[2])
+	require.True(t, trips >= 4 && trips <= 5 && commits >= 2 && commits <= 3 && math.Abs(trips-commits-2) < 0.015,
+		"a 1-phase run: %v round trips, %v commits", trips, commits)
 	scratch := regexp.MustCompile(`ratchet_bench_[0-9a-z]+`).FindString(errOut)
 	require.NotEmpty(t, scratch, errOut)
 
@@ -235,6 +243,22 @@ func TestBenchComparesBothEnginesInAScratchDatabaseItDrops(t *testing.T) {
 	code, _, errOut = runMain(t, "bench", "--database-url", url, "--phases", "0")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "--phases 0")
+}
+
+// bench commits measures the engine with coalescing off and on against
+// the bare transaction, at each concurrency, in a scratch database.
+func TestBenchCommitsComparesCoalescingWithTheBareTransaction(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := runMain(t, "bench", "commits", "--database-url", testdb.NewURL(t), "--runs", "40", "--rounds", "1", "--concurrency", "1,4")
+	require.Equal(t, 0, code, errOut)
+	for _, c := range []string{"1", "4"} {
+		for _, row := range []string{`bare-tx\s+-\s+\d+`, `bare-stmt\s+-\s+\d+`, `alone\s+\d+\s+\d+.*\s5\.00\s+5\.00\s+-\s`, `coalesced\s+\d+\s+\d+`} {
+			require.Regexp(t, `(?m)^\s+`+c+`\s+`+row, out)
+		}
+	}
+	code, _, errOut = runMain(t, "bench", "commits", "--database-url", testdb.NewURL(t), "--window", "0")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "--window")
 }
 
 // bench history measures each child-key format at each history size, with
@@ -287,4 +311,11 @@ func TestServeSizesItsPoolFromItsSettings(t *testing.T) {
 	defer closeSmall()
 	require.EqualValues(t, 7, small.pool.Config().MaxConns, "the URL's setting wins")
 	require.Contains(t, stderr.String(), "the database pool is smaller than these settings need")
+}
+
+func mustFloat(t *testing.T, s string) float64 {
+	t.Helper()
+	f, err := strconv.ParseFloat(s, 64)
+	require.NoError(t, err)
+	return f
 }

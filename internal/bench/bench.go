@@ -17,13 +17,33 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Counter is a pgx.QueryTracer that counts the statements sent on a pool's
-// connections, each one round trip (nothing here pipelines), and the
-// transactions committed: every COMMIT, and every statement sent outside a
-// transaction but BEGIN (it commits by itself), read-only ones included.
+// Counter is a pgx.QueryTracer and pgx.BatchTracer that counts the round
+// trips on a pool's connections (a statement alone, or a batch of them),
+// and the transactions committed: every COMMIT, every statement sent
+// outside a transaction but BEGIN (it commits by itself), read-only ones
+// included, and every batch sent outside a transaction (one implicit
+// transaction).
 type Counter struct {
-	statements, commits atomic.Int64
+	statements, commits, batches, batched atomic.Int64
 }
+
+// TraceBatchStart counts the batch: one round trip, one commit.
+func (c *Counter) TraceBatchStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.statements.Add(1)
+	c.batches.Add(1)
+	if conn.PgConn().TxStatus() == 'I' {
+		c.commits.Add(1)
+	}
+	return ctx
+}
+
+// TraceBatchQuery counts a statement of a batch.
+func (c *Counter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	c.batched.Add(1)
+}
+
+// TraceBatchEnd does nothing.
+func (c *Counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 // TraceQueryStart counts the statement.
 func (c *Counter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
@@ -41,17 +61,20 @@ func (c *Counter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.
 // TraceQueryEnd does nothing.
 func (c *Counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// Counts are a Counter's totals at one moment.
-type Counts struct{ Statements, Commits int64 }
+// Counts are a Counter's totals at one moment: round trips (Statements:
+// a batch counts once), commits, the batches and the statements sent in
+// them.
+type Counts struct{ Statements, Commits, Batches, Batched int64 }
 
 // Sub returns the counts since an earlier reading.
 func (c Counts) Sub(earlier Counts) Counts {
-	return Counts{Statements: c.Statements - earlier.Statements, Commits: c.Commits - earlier.Commits}
+	return Counts{Statements: c.Statements - earlier.Statements, Commits: c.Commits - earlier.Commits,
+		Batches: c.Batches - earlier.Batches, Batched: c.Batched - earlier.Batched}
 }
 
 // Read returns the totals so far.
 func (c *Counter) Read() Counts {
-	return Counts{Statements: c.statements.Load(), Commits: c.commits.Load()}
+	return Counts{Statements: c.statements.Load(), Commits: c.commits.Load(), Batches: c.batches.Load(), Batched: c.batched.Load()}
 }
 
 func hasPrefixFold(s, prefix string) bool {

@@ -53,6 +53,13 @@ func TestCounterCountsRoundTripsAndCommittedTransactions(t *testing.T) {
 		}
 		return tx.Rollback(ctx)
 	}), "a rolled-back transaction commits nothing")
+	require.Equal(t, bench.Counts{Statements: 1, Commits: 1, Batches: 1, Batched: 3}, step(func() error {
+		b := &pgx.Batch{}
+		for i := range 3 {
+			b.Queue(`SELECT $1::int`, i)
+		}
+		return pool.SendBatch(ctx, b).Close()
+	}), "a batch outside a transaction is one round trip and one implicit transaction")
 }
 
 func TestDriveRunsExactlyNOpsOrForADurationAndStopsAtAnError(t *testing.T) {

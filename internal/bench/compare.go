@@ -212,6 +212,8 @@ func total(ms []measurement) measurement {
 		t.Ops += m.Ops
 		t.counts.Statements += m.counts.Statements
 		t.counts.Commits += m.counts.Commits
+		t.counts.Batches += m.counts.Batches
+		t.counts.Batched += m.counts.Batched
 		t.walBytes += m.walBytes
 	}
 	return t

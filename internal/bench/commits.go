@@ -1,0 +1,183 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/steps"
+)
+
+// CommitsOptions configure Commits. Zero fields take the defaults given.
+type CommitsOptions struct {
+	// Concurrencies lists the numbers of callers measured. Defaults to 16
+	// and 64.
+	Concurrencies []int
+	// Runs is the number of runs (or bare transactions) of one
+	// measurement. Defaults to 3000.
+	Runs int
+	// Rounds is how many measurements each configuration gets per
+	// concurrency, in turn, so that drift touches all. Defaults to 5.
+	Rounds int
+	// Window is the engine's commit window when coalescing. Defaults to
+	// engine.DefaultCommitWindow.
+	Window time.Duration
+}
+
+func (o CommitsOptions) withDefaults() CommitsOptions {
+	if len(o.Concurrencies) == 0 {
+		o.Concurrencies = []int{16, 64}
+	}
+	if o.Runs == 0 {
+		o.Runs = 3000
+	}
+	if o.Rounds == 0 {
+		o.Rounds = 5
+	}
+	if o.Window == 0 {
+		o.Window = engine.DefaultCommitWindow
+	}
+	return o
+}
+
+// stepsWorkflow is the workflow Commits drives: three steps that call
+// nothing, so that a run is its start, three step results and its finish,
+// each one fenced statement.
+const stepsWorkflow = "steps3"
+
+// commitConfigs are what Commits measures, in this order in a round
+// (reversed every other round).
+var commitConfigs = []string{"bare-tx", "bare-stmt", "alone", "coalesced"}
+
+// Commits measures, on pool (a migrated database of its own, whose
+// connections counter traces), the rate of phase commits of a workflow of
+// three steps with the engine's commit coalescing off and on, against the
+// ceiling of one durable transaction per phase measured in the same run:
+// a transaction of one INSERT and one UPDATE (BEGIN, INSERT, UPDATE,
+// COMMIT: four round trips) and the same as one statement (one round
+// trip). It writes a table to out and progress to progress.
+func Commits(ctx context.Context, pool *pgxpool.Pool, counter *Counter, opts CommitsOptions, out, progress io.Writer) error {
+	opts = opts.withDefaults()
+	workflows := engine.NewWorkflows()
+	noop := func(context.Context, steps.Key) (struct{}, error) { return struct{}{}, nil }
+	if _, err := engine.Register(workflows, stepsWorkflow, func(ctx context.Context, _ struct{}) (struct{}, error) {
+		for _, name := range []string{"one", "two", "three"} {
+			if _, err := engine.Step(ctx, name, noop, nil); err != nil {
+				return struct{}{}, err
+			}
+		}
+		return struct{}{}, nil
+	}, nil); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `
+		CREATE TABLE bare_runs (id text PRIMARY KEY, point bigint NOT NULL);
+		CREATE TABLE bare_journal (run_id text NOT NULL, seq bigint NOT NULL, PRIMARY KEY (run_id, seq))`); err != nil {
+		return fmt.Errorf("bench: create the bare tables: %w", err)
+	}
+	clients := map[string]*engine.Client{}
+	for name, window := range map[string]time.Duration{"alone": -1, "coalesced": opts.Window} {
+		c, err := engine.NewClient(pool, &engine.Config{Workflows: workflows, CommitWindow: window})
+		if err != nil {
+			return err
+		}
+		clients[name] = c
+	}
+	fmt.Fprintf(out, "%d runs (or bare transactions) a measurement, %d rounds, commit window %s: rates and latencies are medians of rounds,\n"+
+		"the ratios the median of each round's (with its lowest and highest); round trips and commits per run are over all rounds.\n"+
+		"A run is a start, three step results (phases) and a finish; a bare transaction writes what one phase does.\n",
+		opts.Runs, opts.Rounds, opts.Window)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "callers\tconfiguration\truns/s\tphases/s\tp50 ms\tp99 ms\tround trips/run\tcommits/run\tstatements/batch\tphases/s ÷ bare-tx/s\tphases/s ÷ bare-stmt/s\t")
+	for _, conc := range opts.Concurrencies {
+		if _, err := pool.Exec(ctx, `TRUNCATE bare_runs, bare_journal`); err != nil {
+			return err
+		}
+		for i := range conc {
+			if _, err := pool.Exec(ctx, `INSERT INTO bare_runs VALUES ($1, 0)`, fmt.Sprint(i)); err != nil {
+				return err
+			}
+		}
+		byConfig := map[string][]measurement{}
+		ratios := map[string][]float64{} // config, then "/stmt" appended: against bare-stmt
+		for round := range opts.Rounds {
+			order := slices.Clone(commitConfigs)
+			if round%2 == 1 {
+				slices.Reverse(order)
+			}
+			for _, name := range order {
+				fmt.Fprintf(progress, "callers=%d %s round %d/%d\n", conc, name, round+1, opts.Rounds)
+				before := counter.Read()
+				var op func(ctx context.Context, i int) error
+				switch name {
+				case "bare-tx":
+					op = func(ctx context.Context, i int) error {
+						return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+							if _, err := tx.Exec(ctx, `INSERT INTO bare_journal VALUES ($1, $2)`, fmt.Sprint(i%conc), int64(round)<<40|int64(i)); err != nil {
+								return err
+							}
+							_, err := tx.Exec(ctx, `UPDATE bare_runs SET point = $2 WHERE id = $1`, fmt.Sprint(i%conc), i)
+							return err
+						})
+					}
+				case "bare-stmt":
+					op = func(ctx context.Context, i int) error {
+						_, err := pool.Exec(ctx, `WITH u AS (UPDATE bare_runs SET point = $2 WHERE id = $1 RETURNING id)
+							INSERT INTO bare_journal SELECT id, $3 FROM u`, fmt.Sprint(i%conc), i, int64(round)<<40|1<<39|int64(i))
+						return err
+					}
+				default:
+					c := clients[name]
+					op = func(ctx context.Context, i int) error {
+						key := fmt.Sprintf("%s-%d-%d-%d", name, conc, round, i)
+						res, err := c.Start(ctx, engine.StartParams{Workflow: stepsWorkflow, IdempotencyKey: key, Input: []byte(`{}`)})
+						if err == nil && res.Run.Status != engine.StatusSucceeded {
+							err = fmt.Errorf("run %s ended %s", key, res.Run.Status)
+						}
+						return err
+					}
+				}
+				res, err := Drive(ctx, conc, opts.Runs, 0, op)
+				if err != nil {
+					return fmt.Errorf("bench: %s at %d callers: %w", name, conc, err)
+				}
+				byConfig[name] = append(byConfig[name], measurement{Result: res, counts: counter.Read().Sub(before)})
+				fmt.Fprintf(progress, "  %d in %s: %.0f/s\n", res.Ops, res.Elapsed.Round(time.Millisecond), res.Rate())
+			}
+			for _, name := range []string{"alone", "coalesced"} {
+				phases := 3 * byConfig[name][round].Rate()
+				ratios[name] = append(ratios[name], phases/byConfig["bare-tx"][round].Rate())
+				ratios[name+"/stmt"] = append(ratios[name+"/stmt"], phases/byConfig["bare-stmt"][round].Rate())
+			}
+		}
+		for _, name := range commitConfigs {
+			med, all := median(byConfig[name]), total(byConfig[name])
+			perRun := func(v int64) string { return fmt.Sprintf("%.2f", float64(v)/float64(all.Ops)) }
+			runs, phases, batch := "-", fmt.Sprintf("%.0f", med.Rate()), "-"
+			ratio := func(key string) string {
+				r := ratios[key]
+				if len(r) == 0 {
+					return "-"
+				}
+				slices.Sort(r)
+				return fmt.Sprintf("%.2f (%.2f–%.2f)", r[len(r)/2], r[0], r[len(r)-1])
+			}
+			if name == "alone" || name == "coalesced" {
+				runs, phases = fmt.Sprintf("%.0f", med.Rate()), fmt.Sprintf("%.0f", 3*med.Rate())
+			}
+			if all.counts.Batches > 0 {
+				batch = fmt.Sprintf("%.1f", float64(all.counts.Batched)/float64(all.counts.Batches))
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", conc, name, runs, phases, ms(med.P50), ms(med.P99),
+				perRun(all.counts.Statements), perRun(all.counts.Commits), batch, ratio(name), ratio(name+"/stmt"))
+		}
+	}
+	return tw.Flush()
+}
