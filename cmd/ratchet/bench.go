@@ -17,9 +17,38 @@ import (
 
 // benchCmd groups the benchmarks; "ratchet bench" alone is engines.
 type benchCmd struct {
-	Engines benchEnginesCmd `cmd:"" default:"withargs" help:"Runs per second, round trips, commits and WAL of a plain engine against a worker's (the default)."`
-	History benchHistoryCmd `cmd:"" help:"WAL, full-page images and bytes per run as history grows, seeding the history by SQL."`
-	Commits benchCommitsCmd `cmd:"" help:"Phase commits per second with commit coalescing off and on, against one durable transaction per phase."`
+	Engines   benchEnginesCmd   `cmd:"" default:"withargs" help:"Runs per second, round trips, commits and WAL of a plain engine against a worker's (the default)."`
+	History   benchHistoryCmd   `cmd:"" help:"WAL, full-page images and bytes per run as history grows, seeding the history by SQL."`
+	Commits   benchCommitsCmd   `cmd:"" help:"Phase commits per second with commit coalescing off and on, against one durable transaction per phase."`
+	Retention benchRetentionCmd `cmd:"" help:"Prune rate at volume, and the hot path's rate with no pruning, paced pruning and pruning flat out."`
+}
+
+type benchRetentionCmd struct {
+	dbFlags
+	History     int           `name:"history" default:"1000000" help:"Finished runs seeded by SQL (a million in about 90 s)."`
+	Expired     int           `name:"expired" default:"900000" help:"How many of them, the oldest, are past their retention (enough that no pruner runs out; the output says if one did)."`
+	PerDay      int           `name:"per-day" default:"5000000" help:"Expired runs a day the paced pruner keeps up with."`
+	BatchSize   int           `name:"batch-size" default:"500" help:"Runs deleted per prune statement."`
+	Segment     time.Duration `name:"segment" default:"20s" help:"Length of one measurement of the hot path."`
+	Rounds      int           `name:"rounds" default:"3" help:"Segments per pruning mode, in turn; medians are shown."`
+	Concurrency int           `name:"concurrency" default:"16" help:"Callers starting runs at once."`
+}
+
+// Run measures pruning at volume in a database of its own, created on the
+// server of --database-url and dropped afterwards.
+func (c *benchRetentionCmd) Run(e *env) error {
+	if c.History < 1 || c.Expired < 1 || c.Expired > c.History || c.PerDay < 1 || c.BatchSize < 1 || c.Segment <= 0 || c.Rounds < 1 || c.Concurrency < 1 {
+		return fmt.Errorf("--history, --expired (at most --history), --per-day, --batch-size, --segment, --rounds and --concurrency must be positive")
+	}
+	pool, _, done, err := scratchDatabase(e, &c.dbFlags, int32(c.Concurrency)+4)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return bench.Retention(e.ctx, pool, bench.RetentionOptions{
+		History: c.History, Expired: c.Expired, PerDay: c.PerDay, BatchSize: c.BatchSize,
+		Segment: c.Segment, Rounds: c.Rounds, Concurrency: c.Concurrency,
+	}, e.stdout, e.stderr)
 }
 
 type benchCommitsCmd struct {

@@ -261,6 +261,19 @@ func TestBenchCommitsComparesCoalescingWithTheBareTransaction(t *testing.T) {
 	require.Contains(t, errOut, "--window")
 }
 
+// bench retention seeds expired runs and measures the hot path under each
+// pruning mode; flat out, the pruner deletes every expired run.
+func TestBenchRetentionPrunesWhileTheHotPathRuns(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := runMain(t, "bench", "retention", "--database-url", testdb.NewURL(t),
+		"--history", "3000", "--expired", "2000", "--segment", "1s", "--rounds", "1", "--concurrency", "4")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `(?m)^\s+none\s+\d+\s+\S+\s+\S+\s+1\.000\s+0\s+-`, out)
+	require.Regexp(t, `(?m)^\s+paced\s+\d+\s+\S+\s+\S+\s+\d\.\d{3}\s+500\s+\d+`, out, "one batch at the segment's start")
+	require.Regexp(t, `(?m)^\s+flat-out\s+\d+\s+\S+\s+\S+\s+\d\.\d{3}\s+1500\s+\d+`, out, "the rest")
+	require.Contains(t, out, "expired runs left unpruned: 0")
+}
+
 // bench history measures each child-key format at each history size, with
 // the tables' and indexes' bytes per run, and drops its scratch database.
 func TestBenchHistoryMeasuresEachSizeAndKeyFormat(t *testing.T) {

@@ -52,6 +52,20 @@ func (o CommitsOptions) withDefaults() CommitsOptions {
 // each one fenced statement.
 const stepsWorkflow = "steps3"
 
+// registerSteps registers stepsWorkflow.
+func registerSteps(workflows *engine.Workflows) error {
+	noop := func(context.Context, steps.Key) (struct{}, error) { return struct{}{}, nil }
+	_, err := engine.Register(workflows, stepsWorkflow, func(ctx context.Context, _ struct{}) (struct{}, error) {
+		for _, name := range []string{"one", "two", "three"} {
+			if _, err := engine.Step(ctx, name, noop, nil); err != nil {
+				return struct{}{}, err
+			}
+		}
+		return struct{}{}, nil
+	}, nil)
+	return err
+}
+
 // commitConfigs are what Commits measures, in this order in a round
 // (reversed every other round).
 var commitConfigs = []string{"bare-tx", "bare-stmt", "alone", "coalesced"}
@@ -66,15 +80,7 @@ var commitConfigs = []string{"bare-tx", "bare-stmt", "alone", "coalesced"}
 func Commits(ctx context.Context, pool *pgxpool.Pool, counter *Counter, opts CommitsOptions, out, progress io.Writer) error {
 	opts = opts.withDefaults()
 	workflows := engine.NewWorkflows()
-	noop := func(context.Context, steps.Key) (struct{}, error) { return struct{}{}, nil }
-	if _, err := engine.Register(workflows, stepsWorkflow, func(ctx context.Context, _ struct{}) (struct{}, error) {
-		for _, name := range []string{"one", "two", "three"} {
-			if _, err := engine.Step(ctx, name, noop, nil); err != nil {
-				return struct{}{}, err
-			}
-		}
-		return struct{}{}, nil
-	}, nil); err != nil {
+	if err := registerSteps(workflows); err != nil {
 		return err
 	}
 	if _, err := pool.Exec(ctx, `
