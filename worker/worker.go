@@ -70,6 +70,12 @@ type Config struct {
 	// FetchPollInterval is how often River polls for the application's
 	// jobs, beside its notifications. Defaults to 500ms.
 	FetchPollInterval time.Duration
+	// PollOnly makes River poll (every FetchPollInterval) instead of
+	// holding a LISTEN connection, for a pool behind a transaction pooler
+	// such as PgBouncer, which cannot keep a session's LISTEN. New jobs
+	// then wait up to FetchPollInterval; Ratchet's own recovery polls
+	// anyway. docs/performance.md, "Connections and PgBouncer".
+	PollOnly bool
 	// JobTimeout bounds a River job whose worker sets no Timeout of its
 	// own. Defaults to 10s.
 	JobTimeout time.Duration
@@ -95,7 +101,8 @@ type Config struct {
 //     (Recovery.MaxExecutions), and a quarter as many again, at least
 //     two, for heartbeats sent while a phase holds its connection;
 //   - one for the recoverer's poll;
-//   - River's: its LISTEN connection, two for its leader's maintenance
+//   - River's: its LISTEN connection (none with PollOnly; counted
+//     anyway), two for its leader's maintenance
 //     and its producers' fetches, and one per worker of every queue
 //     (Ratchet's and Config.Queues'), since a job may query as it works.
 //
@@ -211,6 +218,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Worker, error) {
 		Workers:              workers,
 		Logger:               cfg.Logger,
 		FetchPollInterval:    cfg.FetchPollInterval,
+		PollOnly:             cfg.PollOnly,
 		FetchCooldown:        min(river.FetchCooldownDefault, cfg.FetchPollInterval),
 		JobTimeout:           cfg.JobTimeout,
 		RescueStuckJobsAfter: cfg.RescueStuckJobsAfter,

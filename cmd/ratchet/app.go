@@ -29,6 +29,7 @@ type appFlags struct {
 	Tokens       string        `name:"tokens" env:"RATCHET_TOKENS" help:"API bearer tokens as token=tenant pairs, comma separated (env RATCHET_TOKENS). None: no authentication, tenant \"default\"."`
 	MaxInline    int           `name:"max-inline" env:"RATCHET_MAX_INLINE" default:"32" help:"Runs the API executes inline at once; a start beyond it is answered 202 and left to a worker. Sizes the database pool with the worker's settings (env RATCHET_MAX_INLINE)."`
 	CommitWindow time.Duration `name:"commit-window" env:"RATCHET_COMMIT_WINDOW" default:"500us" help:"How long a step's result or a run's finish may wait for those of other runs this process executes, to be committed together in one round trip; 0 commits each alone (env RATCHET_COMMIT_WINDOW; docs/performance.md)."`
+	PollOnly     bool          `name:"poll-only" env:"RATCHET_POLL_ONLY" help:"River polls for jobs instead of LISTENing: for a database URL that goes through a transaction pooler such as PgBouncer (env RATCHET_POLL_ONLY; docs/performance.md)."`
 	KeyFormat    int           `name:"key-format" env:"RATCHET_KEY_FORMAT" default:"1" enum:"1,2" help:"Child-key format of the runs this process creates: 2 names the run in the key and needs no index of every key sent; set it once no older release runs against the database (env RATCHET_KEY_FORMAT; docs/steps.md)."`
 }
 
@@ -39,6 +40,7 @@ func workerConfig(f appFlags, work bool) *worker.Config {
 		Engine: engine.Config{StaleAfter: f.StaleAfter, MaxInline: f.MaxInline, RunGauges: work, KeyFormat: f.KeyFormat,
 			CommitWindow: commitWindow(f.CommitWindow)},
 		InsertOnly: !work,
+		PollOnly:   f.PollOnly,
 		Queues:     map[string]river.QueueConfig{payments.QueueReceipts: {MaxWorkers: 10}},
 	}
 }

@@ -21,6 +21,7 @@ type benchCmd struct {
 	History   benchHistoryCmd   `cmd:"" help:"WAL, full-page images and bytes per run as history grows, seeding the history by SQL."`
 	Commits   benchCommitsCmd   `cmd:"" help:"Phase commits per second with commit coalescing off and on, against one durable transaction per phase."`
 	Retention benchRetentionCmd `cmd:"" help:"Prune rate at volume, and the hot path's rate with no pruning, paced pruning and pruning flat out."`
+	Scale     benchScaleCmd     `cmd:"" help:"Payments over HTTP to 1, 2 and 4 ratchet serve processes against one Postgres: throughput, latency, and where the ceiling is."`
 }
 
 type benchRetentionCmd struct {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -272,6 +273,20 @@ func TestBenchRetentionPrunesWhileTheHotPathRuns(t *testing.T) {
 	require.Regexp(t, `(?m)^\s+paced\s+\d+\s+\S+\s+\S+\s+\d\.\d{3}\s+500\s+\d+`, out, "one batch at the segment's start")
 	require.Regexp(t, `(?m)^\s+flat-out\s+\d+\s+\S+\s+\S+\s+\d\.\d{3}\s+1500\s+\d+`, out, "the rest")
 	require.Contains(t, out, "expired runs left unpruned: 0")
+}
+
+// bench scale starts serve processes (the built command: the test binary
+// cannot serve) and posts payments to them.
+func TestBenchScaleStartsServeProcessesAndMeasuresThem(t *testing.T) {
+	t.Parallel()
+	bin := buildCrashBinary(t)
+	out, err := exec.Command(bin, "bench", "scale", "--database-url", testdb.NewURL(t),
+		"--processes", "1,2", "--duration", "2s", "--warm-up", "0s", "--concurrency", "8").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, n := range []string{"1", "2"} {
+		require.Regexp(t, `(?m)^\s+`+n+`\s+\d+\s+[1-9]\d*\s+\S+\s+\S+\s+0\.0%\s+\d+\.\d\d\s+\d+\s+\d+\s+\d+\s+\d+%\s+\d+%\s+\d+%`, string(out))
+	}
+	require.Regexp(t, `gateway: [1-9]\d* charges`, string(out))
 }
 
 // bench history measures each child-key format at each history size, with
