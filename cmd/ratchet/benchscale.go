@@ -96,7 +96,8 @@ func (c *benchScaleCmd) Run(e *env) error {
 	for _, n := range c.Processes {
 		conns := min(perProcess, free/n)
 		fmt.Fprintf(e.stderr, "starting %d process(es), pools of %d connections\n", n, conns)
-		procs, err := startServes(e.ctx, self, n, withPoolSize(dbURL, conns), gwURL, mailURL, c.MaxInline)
+		procs, err := startServes(e.ctx, self, n, withPoolSize(dbURL, conns), "--gateway-url", gwURL, "--mail-url", mailURL,
+			"--max-inline", strconv.Itoa(c.MaxInline))
 		if err != nil {
 			return err
 		}
@@ -199,13 +200,12 @@ type serveProc struct {
 	base string // its API's base URL
 }
 
-// startServes starts n ratchet serve processes and waits until each
-// listens.
-func startServes(ctx context.Context, self string, n int, dbURL, gwURL, mailURL string, maxInline int) ([]*serveProc, error) {
+// startServes starts n ratchet serve processes with args and waits until
+// each listens.
+func startServes(ctx context.Context, self string, n int, dbURL string, args ...string) ([]*serveProc, error) {
 	var procs []*serveProc
 	for range n {
-		cmd := exec.CommandContext(ctx, self, "serve", "--database-url", dbURL, "--addr", "127.0.0.1:0",
-			"--gateway-url", gwURL, "--mail-url", mailURL, "--max-inline", strconv.Itoa(maxInline))
+		cmd := exec.CommandContext(ctx, self, append([]string{"serve", "--database-url", dbURL, "--addr", "127.0.0.1:0"}, args...)...)
 		cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none", "OTEL_LOGS_EXPORTER=none")
 		cmd.Stderr = io.Discard
 		stdout, err := cmd.StdoutPipe()

@@ -166,6 +166,13 @@ func (g *Gateway) Stats() Stats {
 	return s
 }
 
+// Charges returns the charges performed, in order.
+func (g *Gateway) Charges() []Charge {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]Charge(nil), g.charges...)
+}
+
 // Requests returns the recorded headers of every charge request, in order.
 func (g *Gateway) Requests() []Request {
 	g.mu.Lock()

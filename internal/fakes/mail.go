@@ -29,8 +29,9 @@ type MailStats struct {
 type Mail struct {
 	mux *http.ServeMux
 
-	mu    sync.Mutex
-	stats MailStats
+	mu        sync.Mutex
+	stats     MailStats
+	delivered []Message
 	// AfterDelivery, if set, is called after a delivery is counted and
 	// before the answer is written.
 	afterDelivery func(Message)
@@ -63,6 +64,13 @@ func (m *Mail) Stats() MailStats {
 	return s
 }
 
+// Delivered returns every message delivered, in order.
+func (m *Mail) Delivered() []Message {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]Message(nil), m.delivered...)
+}
+
 func (m *Mail) deliver(w http.ResponseWriter, r *http.Request) {
 	var msg Message
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&msg); err != nil || msg.To == "" {
@@ -76,6 +84,7 @@ func (m *Mail) deliver(w http.ResponseWriter, r *http.Request) {
 		m.stats.DeliveriesByMessageID[msg.MessageID]++
 	}
 	m.stats.DeliveriesByRecipient[msg.To]++
+	m.delivered = append(m.delivered, msg)
 	m.mu.Unlock()
 	if m.afterDelivery != nil {
 		m.afterDelivery(msg)

@@ -29,8 +29,10 @@ type Cluster struct {
 	// Bin is the directory of the binaries that run it.
 	Bin string
 	// Dir holds the cluster's data, socket and log; Stop deletes it.
-	Dir  string
-	cred *syscall.Credential
+	Dir     string
+	cred    *syscall.Credential
+	data    string // its data directory
+	stopped bool
 }
 
 // FindBin returns the directory holding initdb and pg_ctl: the newest
@@ -91,15 +93,20 @@ func Start(ctx context.Context) (*Cluster, error) {
 		return nil, err
 	}
 	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	c.data = data
 	return c, nil
 }
 
 // Stop stops the server and deletes the cluster.
 func (c *Cluster) Stop() error {
+	return errors.Join(c.stop(), os.RemoveAll(c.Dir))
+}
+
+// stop stops the server.
+func (c *Cluster) stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := c.run(ctx, "pg_ctl", "-D", filepath.Join(c.Dir, "data"), "-m", "fast", "-w", "stop")
-	return errors.Join(err, os.RemoveAll(c.Dir))
+	return c.run(ctx, "pg_ctl", "-D", c.data, "-m", "fast", "-w", "stop")
 }
 
 func (c *Cluster) run(ctx context.Context, name string, args ...string) error {

@@ -31,3 +31,34 @@ func TestStartsAThrowawayClusterAndDeletesIt(t *testing.T) {
 	_, err = os.Stat(c.Dir)
 	require.True(t, os.IsNotExist(err), "the cluster's directory is deleted")
 }
+
+// A synchronous pair: what the primary committed is on the standby when
+// it is promoted, and the pair's URL then reaches the standby for writes.
+func TestSynchronousPairFailsOverWithoutLosingACommit(t *testing.T) {
+	t.Parallel()
+	if _, err := pgboot.FindBin(); err != nil {
+		t.Skip(err)
+	}
+	ctx := context.Background()
+	p, err := pgboot.StartPair(ctx, true)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Stop()) }()
+	exec := func(sql string) {
+		t.Helper()
+		conn, err := pgx.Connect(ctx, p.URL)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	exec(`CREATE TABLE t (v text); INSERT INTO t VALUES ('before')`)
+	require.NoError(t, p.Fail(ctx))
+	exec(`INSERT INTO t VALUES ('after')`)
+
+	conn, err := pgx.Connect(ctx, p.Standby.URL)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var got string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT string_agg(v, ',' ORDER BY v DESC) FROM t`).Scan(&got))
+	require.Equal(t, "before,after", got)
+}

@@ -1,0 +1,293 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ratchet-run/ratchet/internal/fakes"
+	"github.com/ratchet-run/ratchet/internal/pgboot"
+	"github.com/ratchet-run/ratchet/migrations"
+)
+
+// chaosCmd groups the chaos commands: they break real processes and
+// servers, on this machine, and report what survived.
+type chaosCmd struct {
+	Failover chaosFailoverCmd `cmd:"" help:"Promote a streaming standby mid-load (synchronous and asynchronous replication) and count what was lost, repeated and charged twice."`
+}
+
+type chaosFailoverCmd struct {
+	Replication []string      `name:"replication" default:"sync,async" enum:"sync,async" help:"Replication modes to run, each on a fresh primary and standby."`
+	Payments    int           `name:"payments" default:"400" help:"Payments posted, each with its own Idempotency-Key, retried by its client until it has an answer."`
+	Concurrency int           `name:"concurrency" default:"16" help:"Clients posting at once."`
+	FailAfter   time.Duration `name:"fail-after" default:"2s" help:"How long the load runs before the primary is stopped and the standby promoted."`
+	Stall       time.Duration `name:"stall" default:"1s" help:"How long, just before the primary dies, it sends the standby no WAL (its WAL sender paused: a slow link); 0: none."`
+	StaleAfter  time.Duration `name:"stale-after" default:"2s" help:"The serve process's lease length: how soon runs broken off by the failover are resumed."`
+	Timeout     time.Duration `name:"timeout" default:"3m" help:"How long every payment has to finish."`
+}
+
+// Run runs the failover for each replication mode and prints one row each.
+func (c *chaosFailoverCmd) Run(e *env) error {
+	if c.Payments < 1 || c.Concurrency < 1 || c.FailAfter <= 0 || c.StaleAfter < 100*time.Millisecond || c.Timeout <= 0 {
+		return fmt.Errorf("--payments, --concurrency, --fail-after and --timeout must be positive, --stale-after at least 100ms")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "%d payments from %d clients, each retried with its key until answered; the primary killed (SIGKILL, every process) and the standby promoted after %s,\n"+
+		"the primary's WAL sender paused for the last %s before (a slow link);\n"+
+		"one ratchet serve process (with its worker, --stale-after %s) on the multi-host URL with target_session_attrs=read-write.\n",
+		c.Payments, c.Concurrency, c.FailAfter, c.Stall, c.StaleAfter)
+	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "replication\tWAL behind at failover\tsucceeded\tacknowledged before\tacknowledged runs lost\tsteps repeated, same key\tduplicate charges\treceipts redelivered, same id\tduplicate receipts\tmissing receipts\tfailover to all done\t")
+	for _, mode := range c.Replication {
+		fmt.Fprintf(e.stderr, "%s replication: starting a primary and a standby\n", mode)
+		row, err := c.once(e, self, mode == "sync")
+		if err != nil {
+			return fmt.Errorf("%s replication: %w", mode, err)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t\n", mode, row)
+	}
+	return tw.Flush()
+}
+
+// ack is a payment's answer as its client saw it.
+type ack struct {
+	runID, status string
+	at            time.Time
+}
+
+// once runs the failover on a fresh pair and returns the row's cells but
+// the first.
+func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool) (string, error) {
+	ctx := e.ctx
+	pair, err := pgboot.StartPair(ctx, synchronous)
+	if err != nil {
+		return "", err
+	}
+	defer func() {
+		if err := pair.Stop(); err != nil {
+			fmt.Fprintf(e.stderr, "ratchet: stopping the pair: %v\n", err)
+		}
+	}()
+	pool, err := pgxpool.New(ctx, pair.URL)
+	if err != nil {
+		return "", err
+	}
+	defer pool.Close()
+	if _, err := migrations.Apply(ctx, pool, nil); err != nil {
+		return "", err
+	}
+	gateway, mail := fakes.NewGateway(nil), fakes.NewMail(nil)
+	gwURL, stopGw, err := listen(ctx, gateway)
+	if err != nil {
+		return "", err
+	}
+	defer stopGw()
+	mailURL, stopMail, err := listen(ctx, mail)
+	if err != nil {
+		return "", err
+	}
+	defer stopMail()
+	procs, err := startServes(ctx, self, 1, withPoolSize(pair.URL, 40), "--gateway-url", gwURL, "--mail-url", mailURL,
+		"--stale-after", c.StaleAfter.String())
+	if err != nil {
+		return "", err
+	}
+	defer stopServes(procs)
+	base := procs[0].base
+
+	var (
+		mu     sync.Mutex
+		acks   = map[int]ack{}
+		next   atomic.Int64
+		wg     sync.WaitGroup
+		client = &http.Client{Timeout: 30 * time.Second}
+	)
+	deadline := time.Now().Add(c.Timeout)
+	for range c.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= c.Payments {
+					return
+				}
+				for time.Now().Before(deadline) {
+					if a, ok := postPayment(ctx, client, base, i); ok {
+						mu.Lock()
+						acks[i] = a
+						mu.Unlock()
+						break
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+		}()
+	}
+
+	time.Sleep(max(c.FailAfter-c.Stall, 0))
+	if c.Stall > 0 {
+		if err := pair.Stall(ctx); err != nil {
+			return "", err
+		}
+		time.Sleep(c.Stall)
+	}
+	lag, err := pair.Lag(ctx)
+	if err != nil {
+		return "", err
+	}
+	mu.Lock()
+	before := map[int]ack{}
+	for i, a := range acks {
+		before[i] = a
+	}
+	mu.Unlock()
+	fmt.Fprintf(e.stderr, "  killing the primary (%d payments answered so far, standby %d bytes of WAL behind) and promoting the standby\n", len(before), lag)
+	failedAt := time.Now()
+	if err := pair.Fail(ctx); err != nil {
+		return "", err
+	}
+	wg.Wait()
+
+	// Runs whose clients had their answer before a later state was lost
+	// are finished by the worker's recoverer: wait for the runs in flight.
+	settleBy := time.Now().Add(c.Timeout)
+	for {
+		var unfinished int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM ratchet.runs WHERE finished_at IS NULL`).Scan(&unfinished); err != nil {
+			return "", err
+		}
+		if unfinished == 0 || time.Now().After(settleBy) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	allDone := time.Since(failedAt)
+
+	// What the new primary holds.
+	runs := map[string][2]string{} // idempotency key: run id, status
+	rows, err := pool.Query(ctx, `SELECT idempotency_key, id, status FROM ratchet.runs`)
+	if err != nil {
+		return "", err
+	}
+	for rows.Next() {
+		var key, id, status string
+		if err := rows.Scan(&key, &id, &status); err != nil {
+			return "", err
+		}
+		runs[key] = [2]string{id, status}
+	}
+	if err := rows.Err(); err != nil {
+		return "", err
+	}
+	succeeded, lost := 0, 0
+	for i := range c.Payments {
+		if runs[chaosKey(i)][1] == "succeeded" {
+			succeeded++
+		}
+		if a, ok := before[i]; ok && runs[chaosKey(i)][0] != a.runID {
+			lost++
+		}
+	}
+	// Receipts are River jobs worked after their run's ledger phase: wait
+	// for one per succeeded payment (a job broken off by the failover is
+	// retried after River's rescue and backoff), or a minute.
+	receiptsBy := time.Now().Add(time.Minute)
+	for time.Now().Before(receiptsBy) {
+		got := mail.Stats().DeliveriesByRecipient
+		missing := 0
+		for i := range c.Payments {
+			if runs[chaosKey(i)][1] == "succeeded" && got[chaosEmail(i)] == 0 {
+				missing++
+			}
+		}
+		if missing == 0 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	charges := map[string]int{}
+	for _, ch := range gateway.Charges() {
+		charges[ch.Customer]++
+	}
+	duplicates := 0
+	for _, n := range charges {
+		duplicates += max(n-1, 0)
+	}
+	repeated := 0
+	stats := gateway.Stats()
+	for key, n := range stats.RequestsByKey {
+		if n > 1 && stats.ChargesByKey[key] == 1 {
+			repeated++
+		}
+	}
+	// A receipt delivered again with the same message id is the outbox's
+	// at-least-once delivery (a receiver can drop it by its id); one with
+	// another message id comes from another run of the same payment.
+	ids := map[string]map[string]int{} // recipient: message id: deliveries
+	for _, msg := range mail.Delivered() {
+		if ids[msg.To] == nil {
+			ids[msg.To] = map[string]int{}
+		}
+		ids[msg.To][msg.MessageID]++
+	}
+	redelivered, dupReceipts, missingReceipts := 0, 0, 0
+	for i := range c.Payments {
+		byID := ids[chaosEmail(i)]
+		dupReceipts += max(len(byID)-1, 0)
+		for _, n := range byID {
+			redelivered += n - 1
+		}
+		if len(byID) == 0 && runs[chaosKey(i)][1] == "succeeded" {
+			missingReceipts++
+		}
+	}
+	return fmt.Sprintf("%d\t%d/%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s",
+		lag, succeeded, c.Payments, len(before), lost, repeated, duplicates, redelivered, dupReceipts, missingReceipts, allDone.Round(100*time.Millisecond)), nil
+}
+
+func chaosKey(i int) string   { return fmt.Sprintf("failover-%d", i) }
+func chaosEmail(i int) string { return fmt.Sprintf("p%d@example.com", i) }
+
+// postPayment posts payment i and reports its answer when the run has
+// finished (201, or 200 for a replay); anything else (a 202, a 409 while it
+// runs elsewhere, a 503, a broken connection) is to be retried.
+func postPayment(ctx context.Context, client *http.Client, base string, i int) (ack, bool) {
+	body := fmt.Sprintf(`{"amount": %d, "currency": "usd", "customer": "cus_failover_%d", "email": %q}`, 100+i, i, chaosEmail(i))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/workflows/payment/runs", strings.NewReader(body))
+	if err != nil {
+		return ack{}, false
+	}
+	req.Header.Set("Idempotency-Key", chaosKey(i))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return ack{}, false
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK {
+		return ack{}, false
+	}
+	var run struct {
+		ID     string `json:"id"`
+		Status string `json:"status"`
+	}
+	if json.Unmarshal(b, &run) != nil || (run.Status != "succeeded" && run.Status != "failed") {
+		return ack{}, false
+	}
+	return ack{runID: run.ID, status: run.Status, at: time.Now()}, true
+}
