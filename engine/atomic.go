@@ -224,7 +224,15 @@ func (ex *execution) commitPhase(ctx context.Context, tx pgx.Tx, p phaseRecord) 
 			err = read(rows)
 		}
 	} else {
-		err = ex.c.commits.query(ctx, commitPhaseSQL, args, read)
+		pc := &phaseCommit{runID: ex.run.ID, token: ex.run.LeaseToken, name: p.name, seq: p.seq, kind: string(p.kind),
+			output: p.output, childKey: p.childKey, attempts: p.attempts, startedAt: p.startedAt,
+			step: p.kind != KindAtomic, compensable: p.compensable, pivot: p.pivot}
+		if p.err != nil {
+			if pc.errJSON, err = json.Marshal(p.err); err != nil {
+				return false, err
+			}
+		}
+		err = ex.c.commits.commitPhase(ctx, pc, &committed, &cancel, &refusedForCancel)
 	}
 	switch {
 	case err != nil:

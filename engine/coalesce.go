@@ -64,8 +64,13 @@ type commitRequest struct {
 	sql  string
 	args []any
 	read func(pgx.Rows) error
-	err  error
-	done chan struct{}
+	// phase, for a step's result, lets the batch send it with the results
+	// of other runs as one statement (commitPhasesSQL), its row scanned
+	// into dest.
+	phase *phaseCommit
+	dest  []any
+	err   error
+	done  chan struct{}
 }
 
 // query runs sql, a fenced statement that commits by itself, and hands its
@@ -73,10 +78,23 @@ type commitRequest struct {
 // executions' statements within the window. Once queued, a statement is
 // waited for even if ctx ends: its outcome must be known.
 func (co *coalescer) query(ctx context.Context, sql string, args []any, read func(pgx.Rows) error) error {
+	return co.submit(ctx, &commitRequest{sql: sql, args: args, read: read})
+}
+
+// commitPhase runs commitPhaseSQL for pc, by itself or coalesced, and
+// scans its row (committed, cancel, refused for a cancellation) into
+// dest.
+func (co *coalescer) commitPhase(ctx context.Context, pc *phaseCommit, dest ...any) error {
+	return co.submit(ctx, &commitRequest{sql: commitPhaseSQL, args: pc.args(), read: scanOne(dest...), phase: pc, dest: dest})
+}
+
+// submit queues req (or, with coalescing off, runs it alone) and returns
+// its outcome.
+func (co *coalescer) submit(ctx context.Context, req *commitRequest) error {
 	if co.window <= 0 {
-		return co.alone(ctx, sql, args, read)
+		return co.alone(ctx, req.sql, req.args, req.read)
 	}
-	req := &commitRequest{sql: sql, args: args, read: read, done: make(chan struct{})}
+	req.done = make(chan struct{})
 	co.mu.Lock()
 	b := co.forming
 	leader := b == nil
@@ -135,13 +153,29 @@ func (co *coalescer) send(ctx context.Context, reqs []*commitRequest) {
 	}
 	co.batches.Add(1)
 	co.statements.Add(int64(len(reqs)))
-	batch := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(reqs))}
-	for _, r := range reqs {
+	// The step results of distinct runs go as one statement; the rest (a
+	// finish, a second result of a run already in it) one by one after it.
+	phases, rest := splitPhases(reqs)
+	batch := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(rest)+1)}
+	if len(phases) > 0 {
+		batch.Queue(commitPhasesSQL, phaseArrays(phases)...)
+	}
+	for _, r := range rest {
 		batch.Queue(r.sql, r.args...)
 	}
 	br := co.pool.SendBatch(ctx, batch)
 	refused := false
-	for _, r := range reqs {
+	if len(phases) > 0 {
+		rows, err := br.Query()
+		if err == nil {
+			err = readPhases(rows, phases)
+		}
+		for _, r := range phases {
+			r.err = err
+		}
+		refused = refused || isServerError(err)
+	}
+	for _, r := range rest {
 		rows, err := br.Query()
 		if err == nil {
 			err = r.read(rows)
@@ -214,4 +248,119 @@ func scanOne(dest ...any) func(pgx.Rows) error {
 		rows.Close()
 		return rows.Err()
 	}
+}
+
+// phaseCommit is a step's result to journal: commitPhaseSQL's parameters.
+type phaseCommit struct {
+	runID                    string
+	token                    int64
+	name                     string
+	seq                      int
+	kind                     string
+	output                   []byte
+	childKey                 *string
+	attempts                 int
+	errJSON                  []byte // nil: no error
+	startedAt                *time.Time
+	step, compensable, pivot bool
+}
+
+func (pc *phaseCommit) args() []any {
+	return []any{pc.runID, pc.token, pc.name, pc.seq, pc.kind, pc.output, pc.childKey, pc.attempts, pc.errJSON, pc.startedAt,
+		pc.step, pc.compensable, pc.pivot}
+}
+
+// commitPhasesSQL is commitPhaseSQL for many runs at once: one row of
+// arrays per run, each fenced by its own token, one result row per input
+// row in their order. The runs must be distinct (an UPDATE … FROM changes a
+// row once). One statement rather than one per run: Postgres starts its
+// executor, takes its snapshot and plans (or binds) once for the batch.
+const commitPhasesSQL = `
+WITH input AS (
+	SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::int[], $5::text[], $6::jsonb[], $7::text[], $8::int[],
+		$9::jsonb[], $10::timestamptz[], $11::bool[], $12::bool[], $13::bool[])
+		WITH ORDINALITY AS i(id, token, name, seq, kind, output, child_key, attempts, error, started_at, step, compensable, pivot, ord)
+), advanced AS (
+	UPDATE ratchet.runs r SET recovery_point = i.name, waiting_for = NULL, updated_at = now(),
+		pivot = CASE WHEN i.pivot THEN i.name ELSE r.pivot END
+	FROM input i
+	WHERE r.id = i.id AND r.lease_token = i.token AND r.finished_at IS NULL
+		AND (r.cancel_requested_at IS NULL OR i.step)
+	RETURNING i.ord, r.attempt, r.cancel_requested_at IS NOT NULL AS cancel
+), journaled AS (
+	INSERT INTO ratchet.phases (run_id, seq, name, kind, output, child_key, attempts, error, started_at, finished_at, compensable, execution)
+	SELECT i.id, i.seq, i.name, i.kind, i.output, i.child_key, i.attempts, i.error, coalesce(i.started_at, now()), clock_timestamp(),
+		i.compensable, a.attempt
+	FROM advanced a JOIN input i USING (ord)
+	RETURNING run_id
+)
+SELECT i.ord, j.run_id IS NOT NULL, coalesce(a.cancel, false),
+	CASE WHEN j.run_id IS NOT NULL THEN false ELSE coalesce((
+		SELECT r.lease_token = i.token AND r.finished_at IS NULL AND r.cancel_requested_at IS NOT NULL
+		FROM ratchet.runs r WHERE r.id = i.id), false) END
+FROM input i LEFT JOIN advanced a USING (ord) LEFT JOIN journaled j ON j.run_id = i.id
+ORDER BY i.ord`
+
+// splitPhases separates the step results of distinct runs (when there are
+// two or more) from the rest of reqs, each in order.
+func splitPhases(reqs []*commitRequest) (phases, rest []*commitRequest) {
+	seen := map[string]bool{}
+	for _, r := range reqs {
+		if r.phase != nil && !seen[r.phase.runID] {
+			seen[r.phase.runID] = true
+			phases = append(phases, r)
+		} else {
+			rest = append(rest, r)
+		}
+	}
+	if len(phases) < 2 {
+		return nil, reqs
+	}
+	return phases, rest
+}
+
+// phaseArrays turns step results into commitPhasesSQL's arrays.
+func phaseArrays(reqs []*commitRequest) []any {
+	n := len(reqs)
+	var (
+		ids, names, kinds         = make([]string, n), make([]string, n), make([]string, n)
+		tokens                    = make([]int64, n)
+		seqs, attempts            = make([]int, n), make([]int, n)
+		outputs, errs             = make([][]byte, n), make([][]byte, n)
+		childKeys                 = make([]*string, n)
+		startedAt                 = make([]*time.Time, n)
+		steps, compensable, pivot = make([]bool, n), make([]bool, n), make([]bool, n)
+	)
+	for i, r := range reqs {
+		pc := r.phase
+		ids[i], tokens[i], names[i], seqs[i], kinds[i] = pc.runID, pc.token, pc.name, pc.seq, pc.kind
+		outputs[i], childKeys[i], attempts[i], errs[i], startedAt[i] = pc.output, pc.childKey, pc.attempts, pc.errJSON, pc.startedAt
+		steps[i], compensable[i], pivot[i] = pc.step, pc.compensable, pc.pivot
+	}
+	return []any{ids, tokens, names, seqs, kinds, outputs, childKeys, attempts, errs, startedAt, steps, compensable, pivot}
+}
+
+// readPhases scans commitPhasesSQL's rows into each request's dest.
+func readPhases(rows pgx.Rows, reqs []*commitRequest) error {
+	defer rows.Close()
+	got := 0
+	for rows.Next() {
+		var ord int
+		var committed, cancel, refused bool
+		if err := rows.Scan(&ord, &committed, &cancel, &refused); err != nil {
+			return err
+		}
+		if ord < 1 || ord > len(reqs) {
+			return errors.New("engine: coalesced commit: a row for no step result")
+		}
+		*reqs[ord-1].dest[0].(*bool), *reqs[ord-1].dest[1].(*bool), *reqs[ord-1].dest[2].(*bool) = committed, cancel, refused
+		got++
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if got != len(reqs) {
+		return errors.New("engine: coalesced commit: a step result without its row")
+	}
+	return nil
 }

@@ -192,3 +192,26 @@ func countPhases(t *testing.T, b *testBundle, key string) int {
 		SELECT count(*) FROM ratchet.phases p JOIN ratchet.runs r ON r.id = p.run_id WHERE r.idempotency_key = $1`, key).Scan(&n))
 	return n
 }
+
+// A cancellation requested while a step ran reaches its run through a
+// batch: the step's result is kept (the call happened), the run stops at
+// that boundary as cancelled, and the run beside it in the batch goes on.
+func TestACancellationInABatchStopsOnlyItsRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	together := waitGroupOf(2)
+	c := b.client(t, barrierSteps(t, func(ctx context.Context, key string) {
+		if key == "cancelled" {
+			_, err := b.pool.Exec(ctx, `UPDATE ratchet.runs SET cancel_requested_at = now() WHERE idempotency_key = $1`, key)
+			require.NoError(t, err)
+		}
+		together(ctx, key)
+	}), &engine.Config{CommitWindow: time.Second})
+	outcome := startAll(c, []string{"cancelled", "kept"})
+	require.NoError(t, outcome["kept"])
+	require.ErrorContains(t, outcome["cancelled"], "ended cancelled")
+	batches, _, _ := c.CommitBatches()
+	require.GreaterOrEqual(t, batches, int64(1), "the first step's results in one batch")
+	require.Equal(t, 1, countPhases(t, b, "cancelled"), "its step's result kept, nothing after")
+	require.Equal(t, 3, countPhases(t, b, "kept"))
+}

@@ -62,11 +62,41 @@ WHERE $3 > 0`}
 
 // SeedHistory writes runs lo to hi (counting from 1) of a history of total
 // runs by SQL, in batches, reporting progress; see seedHistorySQL for its
-// shape. Seeding 1,000,000 runs takes about a minute and a half on two
-// cores; each further million takes longer, as the scattered keys go into
-// ever larger indexes.
+// shape. From a million runs at once, the indexes and key constraints of
+// runs and phases are dropped first and built again after the rows (the
+// same definitions), which nothing may rely on meanwhile.
 func SeedHistory(ctx context.Context, pool *pgxpool.Pool, lo, hi, total int, progress func(done int)) error {
 	const batch = 250_000
+	if hi-lo+1 >= bulkSeed {
+		// Scattered keys inserted into live indexes touch a random page per
+		// row and slow each further million; built afterwards, each index
+		// is one sort.
+		rebuild, err := dropRunIndexes(ctx, pool)
+		if err != nil {
+			return err
+		}
+		if err := seedRows(ctx, pool, lo, hi, total, batch, progress); err != nil {
+			return err
+		}
+		if err := rebuild(); err != nil {
+			return err
+		}
+		_, err = pool.Exec(ctx, `VACUUM ANALYZE ratchet.runs, ratchet.phases`)
+		return err
+	}
+	if err := seedRows(ctx, pool, lo, hi, total, batch, progress); err != nil {
+		return err
+	}
+	_, err := pool.Exec(ctx, `VACUUM ANALYZE ratchet.runs, ratchet.phases`)
+	return err
+}
+
+// bulkSeed is the size of a seed from which indexes are built after the
+// rows rather than maintained row by row.
+var bulkSeed = 1_000_000
+
+// seedRows inserts runs lo to hi, batch at a time.
+func seedRows(ctx context.Context, pool *pgxpool.Pool, lo, hi, total, batch int, progress func(done int)) error {
 	for from := lo; from <= hi; from += batch {
 		to := min(from+batch-1, hi)
 		for _, sql := range seedHistorySQL {
@@ -78,8 +108,95 @@ func SeedHistory(ctx context.Context, pool *pgxpool.Pool, lo, hi, total int, pro
 			progress(to)
 		}
 	}
-	_, err := pool.Exec(ctx, `VACUUM ANALYZE ratchet.runs, ratchet.phases`)
-	return err
+	return nil
+}
+
+// dropRunIndexes drops the indexes and key constraints of runs and phases
+// (and the foreign keys that reference runs) and returns the function that
+// builds them again from their definitions, as they were.
+func dropRunIndexes(ctx context.Context, pool *pgxpool.Pool) (rebuild func() error, err error) {
+	type def struct{ table, name, def string }
+	var constraints, foreign, indexes []def
+	rows, err := pool.Query(ctx, `
+		SELECT conrelid::regclass::text, quote_ident(conname), pg_get_constraintdef(oid), contype = 'f'
+		FROM pg_constraint
+		WHERE (conrelid IN ('ratchet.runs'::regclass, 'ratchet.phases'::regclass) AND contype IN ('p', 'u', 'f'))
+			OR confrelid = 'ratchet.runs'::regclass`)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var d def
+		var fk bool
+		if err := rows.Scan(&d.table, &d.name, &d.def, &fk); err != nil {
+			return nil, err
+		}
+		if fk {
+			foreign = append(foreign, d)
+		} else {
+			constraints = append(constraints, d)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	rows, err = pool.Query(ctx, `
+		SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid)
+		FROM pg_index
+		WHERE indrelid IN ('ratchet.runs'::regclass, 'ratchet.phases'::regclass)
+			AND NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conindid = indexrelid)`)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var d def
+		if err := rows.Scan(&d.name, &d.def); err != nil {
+			return nil, err
+		}
+		indexes = append(indexes, d)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var drops []string
+	for _, d := range foreign {
+		drops = append(drops, "ALTER TABLE "+d.table+" DROP CONSTRAINT "+d.name)
+	}
+	for _, d := range constraints {
+		drops = append(drops, "ALTER TABLE "+d.table+" DROP CONSTRAINT "+d.name)
+	}
+	for _, d := range indexes {
+		drops = append(drops, "DROP INDEX "+d.name)
+	}
+	for _, sql := range drops {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			return nil, fmt.Errorf("%s: %w", sql, err)
+		}
+	}
+	return func() error {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Release()
+		builds := []string{"SET maintenance_work_mem = '1GB'"}
+		for _, d := range constraints {
+			builds = append(builds, "ALTER TABLE "+d.table+" ADD CONSTRAINT "+d.name+" "+d.def)
+		}
+		for _, d := range indexes {
+			builds = append(builds, d.def)
+		}
+		for _, d := range foreign {
+			builds = append(builds, "ALTER TABLE "+d.table+" ADD CONSTRAINT "+d.name+" "+d.def)
+		}
+		builds = append(builds, "RESET maintenance_work_mem")
+		for _, sql := range builds {
+			if _, err := conn.Exec(ctx, sql); err != nil {
+				return fmt.Errorf("%s: %w", sql, err)
+			}
+		}
+		return nil
+	}, nil
 }
 
 // HistoryOptions configure History. Zero fields take the defaults given.
