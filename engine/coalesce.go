@@ -14,9 +14,9 @@ import (
 
 // Coalesced commits.
 //
-// A step's result and a run's finish are each one fenced statement sent
-// outside any transaction of the caller's: alone, each pays a round trip,
-// a commit and a WAL flush. The coalescer sends those of concurrent
+// Start's claim, a step's result and a run's finish are each one
+// statement sent outside any transaction of the caller's: alone, each
+// pays a round trip, a commit and a WAL flush. The coalescer sends those of concurrent
 // executions that are ready within Config.CommitWindow to Postgres
 // together, as one pipeline ending in one Sync: one round trip, one implicit
 // transaction, one commit. Each statement keeps its own fence, so that a
@@ -29,7 +29,7 @@ import (
 // statement reports that error, as a statement sent alone would.
 //
 // An atomic phase keeps its own transaction (the caller's statements are in
-// it); so do claims, which must read the run before executing it.
+// it), and StartTx's claim is in the caller's.
 type coalescer struct {
 	pool   *pgxpool.Pool
 	window time.Duration // <= 0: every statement is sent alone

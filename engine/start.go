@@ -302,9 +302,20 @@ ON CONFLICT (tenant, idempotency_key) DO NOTHING
 RETURNING ` + runColumns
 
 func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartParams, input, fp []byte, lease bool) (*Run, bool, error) {
-	run, ok, err := queryRun(ctx, db, claimKeySQL,
-		ulid.Make().String(), p.Tenant, p.IdempotencyKey, def.Name(), def.version(), input, fp,
-		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter, c.cfg.KeyFormat)
+	args := []any{ulid.Make().String(), p.Tenant, p.IdempotencyKey, def.Name(), def.version(), input, fp,
+		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter, c.cfg.KeyFormat}
+	var (
+		run *Run
+		ok  bool
+		err error
+	)
+	if db == dbtx(c.pool) {
+		// Outside the caller's transaction the claim commits by itself:
+		// coalesced with other executions' commits.
+		run, ok, err = c.commits.queryRun(ctx, claimKeySQL, args...)
+	} else {
+		run, ok, err = queryRun(ctx, db, claimKeySQL, args...)
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgerrcode.IsDataException(pgErr.Code) {
 		// A data exception: Postgres refused a value of the input (say, a
