@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -95,6 +96,9 @@ func TestServeThroughPgBouncerInTransactionMode(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	require.Equal(t, payments, mail.Stats().Deliveries, "every receipt delivered once")
+	// The service's log, read once it has exited.
+	require.NoError(t, svc.cmd.Process.Signal(syscall.SIGTERM))
+	<-svc.exited
 	require.NotContains(t, svc.stderr.String(), "prepared statement")
 }
 
@@ -147,8 +151,8 @@ ignore_startup_parameters = extra_float_digits
 		args = append([]string{"-u", pg.Username}, args...)
 	}
 	cmd := exec.Command(bin, args...)
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
@@ -182,4 +186,22 @@ ignore_startup_parameters = extra_float_digits
 		time.Sleep(20 * time.Millisecond)
 	}
 	return through.String()
+}
+
+// lockedBuffer collects a process's output while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
