@@ -28,7 +28,7 @@ type chaosCmd struct {
 
 type chaosFailoverCmd struct {
 	Replication []string      `name:"replication" default:"sync,async" enum:"sync,async" help:"Replication modes to run, each on a fresh primary and standby."`
-	Payments    int           `name:"payments" default:"400" help:"Payments posted, each with its own Idempotency-Key, retried by its client until it has an answer."`
+	Payments    int           `name:"payments" default:"2000" help:"Payments posted, each with its own Idempotency-Key, retried by its client until it has an answer."`
 	Concurrency int           `name:"concurrency" default:"16" help:"Clients posting at once."`
 	FailAfter   time.Duration `name:"fail-after" default:"2s" help:"How long the load runs before the primary is stopped and the standby promoted."`
 	Stall       time.Duration `name:"stall" default:"1s" help:"How long, just before the primary dies, it sends the standby no WAL (its WAL sender paused: a slow link); 0: none."`
