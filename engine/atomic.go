@@ -211,43 +211,34 @@ FROM (SELECT EXISTS (SELECT 1 FROM journaled) AS committed) outcome`
 // caller must roll back. cancel reports a cancellation to honour at the
 // next boundary.
 func (ex *execution) commitPhase(ctx context.Context, tx pgx.Tx, p phaseRecord) (cancel bool, err error) {
-	var committed, refusedForCancel bool
-	args := []any{ex.run.ID, ex.run.LeaseToken, p.name, p.seq, p.kind, p.output, p.childKey, p.attempts, p.err, p.startedAt,
-		p.kind != KindAtomic, p.compensable, p.pivot}
-	read := scanOne(&committed, &cancel, &refusedForCancel)
+	pc := &phaseCommit{phaseRecord: p, runID: ex.run.ID, token: ex.run.LeaseToken}
+	if p.err != nil {
+		if pc.errJSON, err = json.Marshal(p.err); err != nil {
+			return false, err
+		}
+	}
+	var out phaseOutcome
 	var db dbtx = ex.c.pool
 	if tx != nil {
 		db = tx
-		rows, qerr := tx.Query(ctx, commitPhaseSQL, args...)
-		err = qerr
-		if err == nil {
-			err = read(rows)
-		}
+		err = tx.QueryRow(ctx, commitPhaseSQL, pc.args()...).Scan(&out.Committed, &out.Cancel, &out.RefusedForCancel)
 	} else {
-		pc := &phaseCommit{runID: ex.run.ID, token: ex.run.LeaseToken, name: p.name, seq: p.seq, kind: string(p.kind),
-			output: p.output, childKey: p.childKey, attempts: p.attempts, startedAt: p.startedAt,
-			step: p.kind != KindAtomic, compensable: p.compensable, pivot: p.pivot}
-		if p.err != nil {
-			if pc.errJSON, err = json.Marshal(p.err); err != nil {
-				return false, err
-			}
-		}
-		err = ex.c.commits.commitPhase(ctx, pc, &committed, &cancel, &refusedForCancel)
+		err = ex.c.commits.commitPhase(ctx, pc, &out)
 	}
 	switch {
 	case err != nil:
 		return false, ex.breakOff(fmt.Errorf("engine: phase %q: commit journal: %w", p.name, err))
-	case committed:
-		return cancel, nil
-	case !refusedForCancel:
+	case out.Committed:
+		return out.Cancel, nil
+	case !out.RefusedForCancel:
 		// The statement judged from its snapshot. A cancellation that
 		// committed while this commit waited for the run's row lock is not
 		// in it: ask again, in a statement of its own (only a refused
 		// commit pays for it), before reporting the lease lost.
-		if err := db.QueryRow(ctx, cancelledMeanwhileSQL, ex.run.ID, ex.run.LeaseToken).Scan(&refusedForCancel); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		if err := db.QueryRow(ctx, cancelledMeanwhileSQL, ex.run.ID, ex.run.LeaseToken).Scan(&out.RefusedForCancel); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return false, ex.breakOff(fmt.Errorf("engine: phase %q: read refused commit: %w", p.name, err))
 		}
-		if !refusedForCancel {
+		if !out.RefusedForCancel {
 			return false, ex.leaseLost(ctx)
 		}
 	}

@@ -67,8 +67,8 @@ type Config struct {
 	// CommitWindow is how long a statement that commits by itself (Start's
 	// claim, a step's result, a run's finish) may wait for those of other
 	// executions in this process to be sent to Postgres with it: one round
-	// trip and one commit for all (each still fenced on its own; see
-	// docs/performance.md).
+	// trip and one commit for all, each statement's outcome still its own
+	// (docs/performance.md).
 	// A batch is sent sooner when every execution in progress has joined
 	// it, so that a lone execution does not wait. Defaults to
 	// DefaultCommitWindow; a negative value sends every statement alone.

@@ -15,12 +15,13 @@ import (
 // Coalesced commits.
 //
 // Start's claim, a step's result and a run's finish are each one
-// statement sent outside any transaction of the caller's: alone, each
-// pays a round trip, a commit and a WAL flush. The coalescer sends those of concurrent
-// executions that are ready within Config.CommitWindow to Postgres
-// together, as one pipeline ending in one Sync: one round trip, one implicit
-// transaction, one commit. Each statement keeps its own fence, so that a
-// run whose lease was lost matches nothing and leaves the others to commit.
+// statement sent outside any transaction of the caller's: alone, each pays
+// a round trip, a commit and a WAL flush. The coalescer sends those of
+// concurrent executions that are ready within Config.CommitWindow to
+// Postgres together, as one pipeline ending in one Sync: one round trip,
+// one implicit transaction, one commit. Each statement keeps its own
+// fence, so that a run whose lease was lost matches nothing and leaves the
+// others to commit.
 //
 // A statement the server refuses aborts the implicit transaction, and with
 // it every statement of the batch: then each is sent again alone, so that
@@ -33,7 +34,6 @@ import (
 type coalescer struct {
 	pool   *pgxpool.Pool
 	window time.Duration // <= 0: every statement is sent alone
-	max    int
 	// executing counts the client's executions in progress: when every one
 	// of them has a statement waiting, no other can join the batch, which is
 	// sent without waiting out the window.
@@ -65,12 +65,12 @@ type commitRequest struct {
 	args []any
 	read func(pgx.Rows) error
 	// phase, for a step's result, lets the batch send it with the results
-	// of other runs as one statement (commitPhasesSQL), its row scanned
-	// into dest.
-	phase *phaseCommit
-	dest  []any
-	err   error
-	done  chan struct{}
+	// of other runs as one statement (commitPhasesSQL), its row read into
+	// outcome.
+	phase   *phaseCommit
+	outcome *phaseOutcome
+	err     error
+	done    chan struct{}
 }
 
 // query runs sql, a fenced statement that commits by itself, and hands its
@@ -82,10 +82,9 @@ func (co *coalescer) query(ctx context.Context, sql string, args []any, read fun
 }
 
 // commitPhase runs commitPhaseSQL for pc, by itself or coalesced, and
-// scans its row (committed, cancel, refused for a cancellation) into
-// dest.
-func (co *coalescer) commitPhase(ctx context.Context, pc *phaseCommit, dest ...any) error {
-	return co.submit(ctx, &commitRequest{sql: commitPhaseSQL, args: pc.args(), read: scanOne(dest...), phase: pc, dest: dest})
+// reads its row into out.
+func (co *coalescer) commitPhase(ctx context.Context, pc *phaseCommit, out *phaseOutcome) error {
+	return co.submit(ctx, &commitRequest{sql: commitPhaseSQL, args: pc.args(), read: out.read, phase: pc, outcome: out})
 }
 
 // submit queues req (or, with coalescing off, runs it alone) and returns
@@ -211,20 +210,12 @@ func isServerError(err error) bool {
 	return errors.As(err, &pgErr)
 }
 
-// queryRun runs a fenced statement returning runColumns through the
-// coalescer and yields the run, or ok=false when it returned no row.
+// queryRun runs a statement returning runColumns through the coalescer
+// and yields the run, or ok=false when it returned no row.
 func (co *coalescer) queryRun(ctx context.Context, sql string, args ...any) (run *Run, ok bool, err error) {
-	err = co.query(ctx, sql, args, func(rows pgx.Rows) error {
-		run, ok = nil, false // a batch sent again reads again
-		r, err := pgx.CollectExactlyOneRow(rows, pgx.RowToAddrOfStructByName[Run])
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			return nil
-		case err != nil:
-			return err
-		}
-		run, ok = r, true
-		return nil
+	err = co.query(ctx, sql, args, func(rows pgx.Rows) (err error) {
+		run, ok, err = collectRun(rows) // a batch sent again reads again
+		return err
 	})
 	if err != nil {
 		return nil, false, notMigrated(err)
@@ -232,42 +223,35 @@ func (co *coalescer) queryRun(ctx context.Context, sql string, args ...any) (run
 	return run, ok, nil
 }
 
-// scanOne returns a read that scans a statement's one row into dest.
-func scanOne(dest ...any) func(pgx.Rows) error {
-	return func(rows pgx.Rows) error {
-		defer rows.Close()
-		if !rows.Next() {
-			if err := rows.Err(); err != nil {
-				return err
-			}
-			return pgx.ErrNoRows
-		}
-		if err := rows.Scan(dest...); err != nil {
-			return err
-		}
-		rows.Close()
-		return rows.Err()
-	}
+// phaseOutcome is commitPhaseSQL's row: whether the phase was journaled,
+// whether a cancellation is pending, and whether a refused commit was
+// refused for one.
+type phaseOutcome struct {
+	Committed, Cancel, RefusedForCancel bool
 }
 
-// phaseCommit is a step's result to journal: commitPhaseSQL's parameters.
-type phaseCommit struct {
-	runID                    string
-	token                    int64
-	name                     string
-	seq                      int
-	kind                     string
-	output                   []byte
-	childKey                 *string
-	attempts                 int
-	errJSON                  []byte // nil: no error
-	startedAt                *time.Time
-	step, compensable, pivot bool
+// read reads a statement's one row into o.
+func (o *phaseOutcome) read(rows pgx.Rows) (err error) {
+	*o, err = pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[phaseOutcome])
+	return err
 }
+
+// phaseCommit is a journal row with the run and lease it is fenced by:
+// commitPhaseSQL's parameters.
+type phaseCommit struct {
+	phaseRecord
+	runID   string
+	token   int64
+	errJSON []byte // phaseRecord.err encoded; nil: no error
+}
+
+// step reports whether the phase's result is kept even when a cancellation
+// is pending (anything but an atomic phase: its call has happened).
+func (pc *phaseCommit) step() bool { return pc.kind != KindAtomic }
 
 func (pc *phaseCommit) args() []any {
-	return []any{pc.runID, pc.token, pc.name, pc.seq, pc.kind, pc.output, pc.childKey, pc.attempts, pc.errJSON, pc.startedAt,
-		pc.step, pc.compensable, pc.pivot}
+	return []any{pc.runID, pc.token, pc.name, pc.seq, string(pc.kind), pc.output, pc.childKey, pc.attempts, pc.errJSON, pc.startedAt,
+		pc.step(), pc.compensable, pc.pivot}
 }
 
 // commitPhasesSQL is commitPhaseSQL for many runs at once: one row of
@@ -333,34 +317,31 @@ func phaseArrays(reqs []*commitRequest) []any {
 	)
 	for i, r := range reqs {
 		pc := r.phase
-		ids[i], tokens[i], names[i], seqs[i], kinds[i] = pc.runID, pc.token, pc.name, pc.seq, pc.kind
+		ids[i], tokens[i], names[i], seqs[i], kinds[i] = pc.runID, pc.token, pc.name, pc.seq, string(pc.kind)
 		outputs[i], childKeys[i], attempts[i], errs[i], startedAt[i] = pc.output, pc.childKey, pc.attempts, pc.errJSON, pc.startedAt
-		steps[i], compensable[i], pivot[i] = pc.step, pc.compensable, pc.pivot
+		steps[i], compensable[i], pivot[i] = pc.step(), pc.compensable, pc.pivot
 	}
 	return []any{ids, tokens, names, seqs, kinds, outputs, childKeys, attempts, errs, startedAt, steps, compensable, pivot}
 }
 
-// readPhases scans commitPhasesSQL's rows into each request's dest.
+// readPhases reads commitPhasesSQL's rows into each request's outcome.
 func readPhases(rows pgx.Rows, reqs []*commitRequest) error {
-	defer rows.Close()
-	got := 0
-	for rows.Next() {
-		var ord int
-		var committed, cancel, refused bool
-		if err := rows.Scan(&ord, &committed, &cancel, &refused); err != nil {
-			return err
-		}
-		if ord < 1 || ord > len(reqs) {
-			return errors.New("engine: coalesced commit: a row for no step result")
-		}
-		*reqs[ord-1].dest[0].(*bool), *reqs[ord-1].dest[1].(*bool), *reqs[ord-1].dest[2].(*bool) = committed, cancel, refused
-		got++
+	type row struct {
+		Ord int
+		phaseOutcome
 	}
-	if err := rows.Err(); err != nil {
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	if err != nil {
 		return err
 	}
-	if got != len(reqs) {
-		return errors.New("engine: coalesced commit: a step result without its row")
+	if len(got) != len(reqs) {
+		return errors.New("engine: coalesced commit: not one row per step result")
+	}
+	for i, r := range got {
+		if r.Ord != i+1 {
+			return errors.New("engine: coalesced commit: rows out of order")
+		}
+		*reqs[i].outcome = r.phaseOutcome
 	}
 	return nil
 }

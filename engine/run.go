@@ -147,17 +147,23 @@ type dbtx interface {
 // ok=false when it returned no row.
 func queryRun(ctx context.Context, db dbtx, sql string, args ...any) (run *Run, ok bool, err error) {
 	rows, err := db.Query(ctx, sql, args...)
+	if err == nil {
+		run, ok, err = collectRun(rows)
+	}
 	if err != nil {
 		return nil, false, notMigrated(err)
 	}
+	return run, ok, nil
+}
+
+// collectRun reads a statement's one row of runColumns, or ok=false when
+// it returned none.
+func collectRun(rows pgx.Rows) (run *Run, ok bool, err error) {
 	run, err = pgx.CollectExactlyOneRow(rows, pgx.RowToAddrOfStructByName[Run])
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
 	}
-	if err != nil {
-		return nil, false, notMigrated(err)
-	}
-	return run, true, nil
+	return run, err == nil, err
 }
 
 // notMigrated turns a missing table or schema, met by one of the engine's

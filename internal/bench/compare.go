@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -189,18 +190,10 @@ func ms(d time.Duration) string {
 	return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000)
 }
 
-// median returns the measurement of median rate.
-func median(ms []measurement) measurement {
+// median returns the element of median rate.
+func median[T interface{ Rate() float64 }](ms []T) T {
 	s := slices.Clone(ms)
-	slices.SortFunc(s, func(a, b measurement) int {
-		switch {
-		case a.Rate() < b.Rate():
-			return -1
-		case a.Rate() > b.Rate():
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(s, func(a, b T) int { return cmp.Compare(a.Rate(), b.Rate()) })
 	return s[len(s)/2]
 }
 

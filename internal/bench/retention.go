@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -41,22 +42,14 @@ type RetentionOptions struct {
 }
 
 func (o RetentionOptions) withDefaults() RetentionOptions {
-	o.History = cmpOr(o.History, 1_000_000)
-	o.Expired = cmpOr(o.Expired, 900_000)
-	o.PerDay = cmpOr(o.PerDay, 5_000_000)
-	o.BatchSize = cmpOr(o.BatchSize, 500)
-	o.Segment = cmpOr(o.Segment, 20*time.Second)
-	o.Rounds = cmpOr(o.Rounds, 3)
-	o.Concurrency = cmpOr(o.Concurrency, 16)
+	o.History = cmp.Or(o.History, 1_000_000)
+	o.Expired = cmp.Or(o.Expired, 900_000)
+	o.PerDay = cmp.Or(o.PerDay, 5_000_000)
+	o.BatchSize = cmp.Or(o.BatchSize, 500)
+	o.Segment = cmp.Or(o.Segment, 20*time.Second)
+	o.Rounds = cmp.Or(o.Rounds, 3)
+	o.Concurrency = cmp.Or(o.Concurrency, 16)
 	return o
-}
-
-func cmpOr[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }
 
 // pruneModes are the pruning loads Retention measures the hot path under.
@@ -190,10 +183,10 @@ func Retention(ctx context.Context, pool *pgxpool.Pool, opts RetentionOptions, o
 		opts.History, opts.Expired, opts.Concurrency, opts.Rounds, opts.Segment, opts.BatchSize, interval.Round(10*time.Millisecond), opts.PerDay)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "pruning\truns/s\tp50 ms\tp99 ms\t÷ none\truns pruned\tpruned/s while pruning\tms per batch\tdeleted at this rate, a day\t")
-	base := medianSegment(byMode["none"], func(s segment) float64 { return s.Rate() })
+	base := median(byMode["none"])
 	for _, mode := range pruneModes {
 		segs := byMode[mode]
-		med := medianSegment(segs, func(s segment) float64 { return s.Rate() })
+		med := median(segs)
 		var pruned int64
 		var pruneTime time.Duration
 		var statements int
@@ -225,19 +218,4 @@ func Retention(ctx context.Context, pool *pgxpool.Pool, opts RetentionOptions, o
 		}
 	}
 	return nil
-}
-
-// medianSegment returns the element of median key.
-func medianSegment[T any](s []T, key func(T) float64) T {
-	s = slices.Clone(s)
-	slices.SortFunc(s, func(a, b T) int {
-		switch ka, kb := key(a), key(b); {
-		case ka < kb:
-			return -1
-		case ka > kb:
-			return 1
-		}
-		return 0
-	})
-	return s[len(s)/2]
 }
