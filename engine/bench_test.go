@@ -123,21 +123,7 @@ func (h *phaseTripCounter) Phase(ctx context.Context, _ engine.PhaseInfo) (conte
 // benchBare is the ceiling: a transaction of one INSERT and one UPDATE.
 func benchBare(b *testing.B) {
 	pool := benchPool(b, nil)
-	_, err := pool.Exec(context.Background(), `
-			CREATE TABLE bare_runs (id text PRIMARY KEY, point text NOT NULL);
-			CREATE TABLE bare_journal (run_id text NOT NULL, seq int NOT NULL, PRIMARY KEY (run_id, seq))`)
+	bare, err := bench.NewBare(context.Background(), pool, benchConcurrency)
 	require.NoError(b, err)
-	for i := range benchConcurrency {
-		_, err := pool.Exec(context.Background(), `INSERT INTO bare_runs VALUES ($1, 'started')`, fmt.Sprint(i))
-		require.NoError(b, err)
-	}
-	drive(b, func(ctx context.Context, i int) error {
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `INSERT INTO bare_journal VALUES ($1, $2)`, fmt.Sprint(i%benchConcurrency), i); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `UPDATE bare_runs SET point = $2 WHERE id = $1`, fmt.Sprint(i%benchConcurrency), fmt.Sprint(i))
-			return err
-		})
-	})
+	drive(b, bare.Tx(0))
 }

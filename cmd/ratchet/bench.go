@@ -71,7 +71,7 @@ func (c *benchCommitsCmd) Run(e *env) error {
 			return fmt.Errorf("--concurrency %d: want 1..1000", n)
 		}
 	}
-	pool, counter, done, err := scratchDatabase(e, &c.dbFlags, int32(slices.Max(c.Concurrency))+4)
+	pool, counter, done, err := scratchDatabase(e, &c.dbFlags, int32(slices.Max(c.Concurrency))+8) // the worker's poll and River's connections
 	if err != nil {
 		return err
 	}

@@ -253,7 +253,7 @@ func TestBenchCommitsComparesCoalescingWithTheBareTransaction(t *testing.T) {
 	code, out, errOut := runMain(t, "bench", "commits", "--database-url", testdb.NewURL(t), "--runs", "40", "--rounds", "1", "--concurrency", "1,4")
 	require.Equal(t, 0, code, errOut)
 	for _, c := range []string{"1", "4"} {
-		for _, row := range []string{`bare-tx\s+-\s+\d+`, `bare-stmt\s+-\s+\d+`, `alone\s+\d+\s+\d+.*\s5\.00\s+5\.00\s+-\s`, `coalesced\s+\d+\s+\d+`} {
+		for _, row := range []string{`bare-tx\s+-\s+\d+`, `bare-stmt\s+-\s+\d+`, `alone\s+\d+\s+\d+.*\s5\.\d\d\s+5\.\d\d\s+-\s`, `coalesced\s+\d+\s+\d+`} {
 			require.Regexp(t, `(?m)^\s+`+c+`\s+`+row, out)
 		}
 	}

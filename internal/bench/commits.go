@@ -2,9 +2,11 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 
 	"github.com/ratchet-run/ratchet/engine"
 	"github.com/ratchet-run/ratchet/steps"
+	"github.com/ratchet-run/ratchet/worker"
 )
 
 // CommitsOptions configure Commits. Zero fields take the defaults given.
@@ -52,6 +55,51 @@ func (o CommitsOptions) withDefaults() CommitsOptions {
 // each one fenced statement.
 const stepsWorkflow = "steps3"
 
+// Bare is the ceiling a phase commit is measured against: one durable
+// transaction per phase, writing what a phase writes at its barest (a
+// journal row, the run's recovery point), with no engine around it.
+type Bare struct {
+	pool    *pgxpool.Pool
+	callers int
+}
+
+// NewBare makes (or empties) the bare tables, with a run row per caller.
+func NewBare(ctx context.Context, pool *pgxpool.Pool, callers int) (*Bare, error) {
+	if _, err := pool.Exec(ctx, `
+		CREATE TABLE IF NOT EXISTS bare_runs (id text PRIMARY KEY, point bigint NOT NULL);
+		CREATE TABLE IF NOT EXISTS bare_journal (run_id text NOT NULL, seq bigint NOT NULL, PRIMARY KEY (run_id, seq));
+		TRUNCATE bare_runs, bare_journal`); err != nil {
+		return nil, fmt.Errorf("bench: make the bare tables: %w", err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO bare_runs SELECT g::text, 0 FROM generate_series(0, $1::int - 1) g`, callers); err != nil {
+		return nil, fmt.Errorf("bench: make the bare tables: %w", err)
+	}
+	return &Bare{pool: pool, callers: callers}, nil
+}
+
+// Tx returns an op writing phase i as BEGIN, INSERT, UPDATE, COMMIT: four
+// round trips. Ops of different tags never write the same journal row.
+func (b *Bare) Tx(tag int) func(ctx context.Context, i int) error {
+	return func(ctx context.Context, i int) error {
+		return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO bare_journal VALUES ($1, $2)`, strconv.Itoa(i%b.callers), int64(tag)<<40|int64(i)); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `UPDATE bare_runs SET point = $2 WHERE id = $1`, strconv.Itoa(i%b.callers), i)
+			return err
+		})
+	}
+}
+
+// Stmt returns an op writing phase i in one statement: one round trip.
+func (b *Bare) Stmt(tag int) func(ctx context.Context, i int) error {
+	return func(ctx context.Context, i int) error {
+		_, err := b.pool.Exec(ctx, `WITH u AS (UPDATE bare_runs SET point = $2 WHERE id = $1 RETURNING id)
+			INSERT INTO bare_journal SELECT id, $3 FROM u`, strconv.Itoa(i%b.callers), i, int64(tag)<<40|int64(i))
+		return err
+	}
+}
+
 // registerSteps registers stepsWorkflow.
 func registerSteps(workflows *engine.Workflows) error {
 	noop := func(context.Context, steps.Key) (struct{}, error) { return struct{}{}, nil }
@@ -72,7 +120,8 @@ var commitConfigs = []string{"bare-tx", "bare-stmt", "alone", "coalesced"}
 
 // Commits measures, on pool (a migrated database of its own, whose
 // connections counter traces), the rate of phase commits of a workflow of
-// three steps with the engine's commit coalescing off and on, against the
+// three steps with the engine's commit coalescing off and on (each a
+// started worker's engine, as in a serve process), against the
 // ceiling of one durable transaction per phase measured in the same run:
 // a transaction of one INSERT and one UPDATE (BEGIN, INSERT, UPDATE,
 // COMMIT: four round trips) and the same as one statement (one round
@@ -83,33 +132,21 @@ func Commits(ctx context.Context, pool *pgxpool.Pool, counter *Counter, opts Com
 	if err := registerSteps(workflows); err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, `
-		CREATE TABLE bare_runs (id text PRIMARY KEY, point bigint NOT NULL);
-		CREATE TABLE bare_journal (run_id text NOT NULL, seq bigint NOT NULL, PRIMARY KEY (run_id, seq))`); err != nil {
-		return fmt.Errorf("bench: create the bare tables: %w", err)
-	}
-	clients := map[string]*engine.Client{}
-	for name, window := range map[string]time.Duration{"alone": -1, "coalesced": opts.Window} {
-		c, err := engine.NewClient(pool, &engine.Config{Workflows: workflows, CommitWindow: window})
-		if err != nil {
-			return err
-		}
-		clients[name] = c
-	}
+	// The engine measured is a started worker's, as in a serve process: its
+	// recoverer polls and River runs beside the runs measured. Each
+	// configuration's worker runs only during its own measurements.
+	windows := map[string]time.Duration{"alone": -1, "coalesced": opts.Window}
 	fmt.Fprintf(out, "%d runs (or bare transactions) a measurement, %d rounds, commit window %s: rates and latencies are medians of rounds,\n"+
-		"the ratios the median of each round's (with its lowest and highest); round trips and commits per run are over all rounds.\n"+
-		"A run is a start, three step results (phases) and a finish; a bare transaction writes what one phase does.\n",
+		"the ratios the median of each round's (with its lowest and highest); round trips and commits per run are over all rounds\n"+
+		"and include the worker's own background work (polls, River).\n"+
+		"A run is a start, three step results (phases) and a finish, started and executed inline by a started worker's engine; a bare transaction writes what one phase does.\n",
 		opts.Runs, opts.Rounds, opts.Window)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "callers\tconfiguration\truns/s\tphases/s\tp50 ms\tp99 ms\tround trips/run\tcommits/run\tstatements/batch\tphases/s ÷ bare-tx/s\tphases/s ÷ bare-stmt/s\t")
 	for _, conc := range opts.Concurrencies {
-		if _, err := pool.Exec(ctx, `TRUNCATE bare_runs, bare_journal`); err != nil {
+		bare, err := NewBare(ctx, pool, conc)
+		if err != nil {
 			return err
-		}
-		for i := range conc {
-			if _, err := pool.Exec(ctx, `INSERT INTO bare_runs VALUES ($1, 0)`, fmt.Sprint(i)); err != nil {
-				return err
-			}
 		}
 		byConfig := map[string][]measurement{}
 		ratios := map[string][]float64{} // config, then "/stmt" appended: against bare-stmt
@@ -120,41 +157,42 @@ func Commits(ctx context.Context, pool *pgxpool.Pool, counter *Counter, opts Com
 			}
 			for _, name := range order {
 				fmt.Fprintf(progress, "callers=%d %s round %d/%d\n", conc, name, round+1, opts.Rounds)
-				before := counter.Read()
 				var op func(ctx context.Context, i int) error
+				stop := func() error { return nil }
 				switch name {
 				case "bare-tx":
-					op = func(ctx context.Context, i int) error {
-						return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-							if _, err := tx.Exec(ctx, `INSERT INTO bare_journal VALUES ($1, $2)`, fmt.Sprint(i%conc), int64(round)<<40|int64(i)); err != nil {
-								return err
-							}
-							_, err := tx.Exec(ctx, `UPDATE bare_runs SET point = $2 WHERE id = $1`, fmt.Sprint(i%conc), i)
-							return err
-						})
-					}
+					op = bare.Tx(2 * round)
 				case "bare-stmt":
-					op = func(ctx context.Context, i int) error {
-						_, err := pool.Exec(ctx, `WITH u AS (UPDATE bare_runs SET point = $2 WHERE id = $1 RETURNING id)
-							INSERT INTO bare_journal SELECT id, $3 FROM u`, fmt.Sprint(i%conc), i, int64(round)<<40|1<<39|int64(i))
+					op = bare.Stmt(2*round + 1)
+				default:
+					w, err := worker.New(pool, &worker.Config{Engine: engine.Config{Workflows: workflows, CommitWindow: windows[name]}})
+					if err != nil {
 						return err
 					}
-				default:
-					c := clients[name]
+					if err := w.Start(ctx); err != nil {
+						return err
+					}
+					stop = func() error {
+						ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+						defer cancel()
+						return w.Stop(ctx)
+					}
 					op = func(ctx context.Context, i int) error {
 						key := fmt.Sprintf("%s-%d-%d-%d", name, conc, round, i)
-						res, err := c.Start(ctx, engine.StartParams{Workflow: stepsWorkflow, IdempotencyKey: key, Input: []byte(`{}`)})
+						res, err := w.Engine().Start(ctx, engine.StartParams{Workflow: stepsWorkflow, IdempotencyKey: key, Input: []byte(`{}`)})
 						if err == nil && res.Run.Status != engine.StatusSucceeded {
 							err = fmt.Errorf("run %s ended %s", key, res.Run.Status)
 						}
 						return err
 					}
 				}
+				before := counter.Read()
 				res, err := Drive(ctx, conc, opts.Runs, 0, op)
-				if err != nil {
+				counts := counter.Read().Sub(before)
+				if err := errors.Join(err, stop()); err != nil {
 					return fmt.Errorf("bench: %s at %d callers: %w", name, conc, err)
 				}
-				byConfig[name] = append(byConfig[name], measurement{Result: res, counts: counter.Read().Sub(before)})
+				byConfig[name] = append(byConfig[name], measurement{Result: res, counts: counts})
 				fmt.Fprintf(progress, "  %d in %s: %.0f/s\n", res.Ops, res.Elapsed.Round(time.Millisecond), res.Rate())
 			}
 			for _, name := range []string{"alone", "coalesced"} {
