@@ -295,13 +295,18 @@ func listRunsSQL(p *ListParams) (string, []any) {
 		runArg := arg(run)
 		where = append(where, "r.id = "+runArg,
 			"EXISTS (SELECT 1 FROM ratchet.phases ph WHERE ph.run_id = "+runArg+" AND ph.child_key = "+arg(p.ChildKey)+")")
+	} else if digest, ok := steps.Key(p.ChildKey).Digest(); ok {
+		// A key of format 3 names its request: the run is found by the
+		// request's digest, then its journal read.
+		where = append(where, "r.key_digest = "+arg(digest),
+			"EXISTS (SELECT 1 FROM ratchet.phases ph WHERE ph.run_id = r.id AND ph.child_key = "+arg(p.ChildKey)+")")
 	} else if p.ChildKey != "" {
-		// The index of keys of format 1 (migration 0011) holds no key of
-		// format 2; the clause that says so lets the planner use it.
-		// The runs are looked up by the ids it yields (an InitPlan run
+		// The index of every key sent holds keys of format 1 only
+		// (migration 0012); the clause that says so lets the planner use
+		// it. The runs are looked up by the ids it yields (an InitPlan run
 		// once), whatever else filters them.
 		where = append(where, "r.id = ANY (ARRAY(SELECT ph.run_id FROM ratchet.phases ph WHERE ph.child_key = "+arg(p.ChildKey)+
-			` AND ph.child_key NOT LIKE 'rk2\_%'))`)
+			` AND ph.child_key LIKE 'rk1\_%'))`)
 	}
 	if p.Status != "" {
 		where = append(where, "r.status = "+arg(string(p.Status)))

@@ -48,12 +48,15 @@ type Config struct {
 	HeartbeatInterval time.Duration
 
 	// KeyFormat is the format of the child keys of the runs this client
-	// creates: 1 (steps.ChildKey, the default) or 2 (steps.ChildKeyV2,
-	// which names the run, so that finding the run behind a key needs no
-	// index of every key sent: less WAL and disk per run). A run keeps its
-	// format whichever client executes it. Set 2 once no process of a
-	// release before it runs against the database: such a process would
-	// send format-1 keys for a format-2 run it executes. docs/steps.md.
+	// creates: 1 (steps.ChildKey, the default), 2 (steps.ChildKeyV2, which
+	// names the run, so that finding the run behind a key needs no index of
+	// every key sent: less WAL and disk per run) or 3 (steps.ChildKeyV3,
+	// which names the request: a run whose creation a failover lost, made
+	// again by the client's retry, sends the same keys; one index entry per
+	// run). A run keeps its format whichever client executes it. Set 2 or 3
+	// once no process of a release that does not know it runs against the
+	// database: such a process would send format-1 keys for the run.
+	// docs/steps.md.
 	KeyFormat int
 
 	// MaxInline bounds the runs this client executes inline at once (the
@@ -151,8 +154,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("engine: Config.HeartbeatInterval %s must be positive and shorter than StaleAfter %s", c.HeartbeatInterval, c.StaleAfter)
 	case len(c.ID) > 255:
 		return errors.New("engine: Config.ID is longer than 255 bytes")
-	case c.KeyFormat != 1 && c.KeyFormat != 2:
-		return fmt.Errorf("engine: Config.KeyFormat %d: want 1 or 2", c.KeyFormat)
+	case c.KeyFormat < 1 || c.KeyFormat > 3:
+		return fmt.Errorf("engine: Config.KeyFormat %d: want 1, 2 or 3", c.KeyFormat)
 	case c.CommitWindow > time.Second:
 		return fmt.Errorf("engine: Config.CommitWindow %s is longer than a second", c.CommitWindow)
 	case c.MaxInline < 0:

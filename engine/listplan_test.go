@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"slices"
@@ -99,6 +100,8 @@ func planProblems(t *testing.T, ctx context.Context, conn *pgx.Conn, maxPages in
 			literals[i] = "'" + strings.ReplaceAll(v, "'", "''") + "'"
 		case int:
 			literals[i] = strconv.Itoa(v)
+		case []byte:
+			literals[i] = `'\x` + hex.EncodeToString(v) + `'`
 		default:
 			t.Fatalf("argument %d of type %T", i, a)
 		}
@@ -186,6 +189,16 @@ func TestEveryListShapeReadsAnIndex(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `UPDATE ratchet.phases SET child_key = $2 WHERE run_id = $1 AND seq = 2`, run1007, keyV2)
 	require.NoError(t, err)
+	// Run 1011 is of format 3: its keys name its request, and its digest
+	// finds it.
+	run1011 := fmt.Sprintf("%026d", 1011)
+	var tenant, idemKey, phaseName string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT r.tenant, r.idempotency_key, ph.name FROM ratchet.runs r JOIN ratchet.phases ph ON ph.run_id = r.id
+		WHERE r.id = $1 AND ph.seq = 0`, run1011).Scan(&tenant, &idemKey, &phaseName))
+	keyV3 := steps.ChildKeyV3(tenant, idemKey, phaseName)
+	_, err = pool.Exec(ctx, `WITH r AS (UPDATE ratchet.runs SET key_format = 3, key_digest = ratchet.request_digest(tenant, idempotency_key) WHERE id = $1)
+		UPDATE ratchet.phases SET child_key = $2 WHERE run_id = $1 AND seq = 0`, run1011, keyV3)
+	require.NoError(t, err)
 	// A live process serves every workflow, so in-flight runs are not
 	// "unserved".
 	_, err = pool.Exec(ctx, `INSERT INTO ratchet.processes (id, started_at, expires_at, serves) VALUES ('p1', now(), now() + interval '1 hour',
@@ -209,7 +222,7 @@ func TestEveryListShapeReadsAnIndex(t *testing.T) {
 			shapes = append(shapes, p)
 			continue
 		}
-		for _, key := range []string{keyV1, string(keyV2)} {
+		for _, key := range []string{keyV1, string(keyV2), string(keyV3)} {
 			p.ChildKey = key
 			shapes = append(shapes, p)
 		}

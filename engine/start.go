@@ -290,14 +290,15 @@ func existingOutcome(lr *leasedRun, fp []byte) (*StartResult, error) {
 // executes it in the same breath; otherwise it is born pending and unleased.
 const claimKeySQL = `
 INSERT INTO ratchet.runs (id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
-	traceparent, status, lease_owner, lease_token, lease_expires_at, attempt, key_format)
+	traceparent, status, lease_owner, lease_token, lease_expires_at, attempt, key_format, key_digest)
 SELECT $1, $2, $3, $4, $5, $6, $7, nullif($8, ''),
 	CASE WHEN $9 THEN 'running' ELSE 'pending' END,
 	CASE WHEN $9 THEN $10 END,
 	CASE WHEN $9 THEN 1 ELSE 0 END,
 	CASE WHEN $9 THEN now() + $11::interval END,
 	CASE WHEN $9 THEN 1 ELSE 0 END,
-	$12
+	$12::smallint,
+	CASE WHEN $12::smallint = 3 THEN ratchet.request_digest($2, $3) END
 ON CONFLICT (tenant, idempotency_key) DO NOTHING
 RETURNING ` + runColumns
 

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -225,6 +226,61 @@ func TestChildKeyFormatIsTheRunsOwn(t *testing.T) {
 	require.Len(t, listed, 1)
 	require.Equal(t, run.ID, listed[0].ID)
 
-	_, err = engine.NewClient(b.pool, &engine.Config{Workflows: workflows, KeyFormat: 3})
-	require.ErrorContains(t, err, "KeyFormat 3")
+	_, err = engine.NewClient(b.pool, &engine.Config{Workflows: workflows, KeyFormat: 4})
+	require.ErrorContains(t, err, "KeyFormat 4")
+}
+
+// A failover to a standby that had not received a run's commits loses the
+// run, with whatever it did: the client, told nothing or told it
+// succeeded, sends its request again and a new run (a new id) executes it.
+// Keys of format 3 name the request, so the new run's charge is the lost
+// one's, replayed by the gateway; keys of format 2 name the run, so the
+// gateway charges again. The listing finds the new run by a key of format
+// 3 through its request's digest.
+func TestRequestKeysMakeARetryOfALostRunTheSameCall(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	gw := fakes.NewGateway(nil)
+	srv := httptest.NewServer(gw)
+	defer srv.Close()
+	workflows := engine.NewWorkflows()
+	registerPay(t, workflows, srv.URL, nil)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		format     int
+		newCharges int
+	}{{3, 0}, {2, 1}} {
+		c := b.client(t, workflows, &engine.Config{KeyFormat: tc.format})
+		idem := fmt.Sprintf("pay-lost-%d", tc.format)
+		first := startPay(t, ctx, c, idem, payment{Amount: 100, Customer: "cus_1"})
+		require.Equal(t, engine.StatusSucceeded, first.Run.Status)
+		require.Equal(t, tc.format, first.Run.KeyFormat)
+		charges := gw.Stats().Charges
+
+		// The failover: the run and its journal are gone.
+		_, err := b.pool.Exec(ctx, `DELETE FROM ratchet.runs WHERE id = $1`, first.Run.ID)
+		require.NoError(t, err)
+		again := startPay(t, ctx, c, idem, payment{Amount: 100, Customer: "cus_1"})
+		require.Equal(t, engine.StatusSucceeded, again.Run.Status)
+		require.NotEqual(t, first.Run.ID, again.Run.ID, "a new run")
+		require.Equal(t, charges+tc.newCharges, gw.Stats().Charges, "format %d", tc.format)
+
+		if tc.format == 3 {
+			key := steps.ChildKeyV3(engine.DefaultTenant, idem, "charge_created")
+			require.Equal(t, 1, gw.Stats().ChargesByKey[string(key)], "charged once, with the key that names the request")
+			phases, err := c.Phases(ctx, again.Run.ID)
+			require.NoError(t, err)
+			require.Equal(t, string(key), *phases[0].ChildKey)
+			listed, err := c.ListRuns(ctx, engine.ListParams{ChildKey: string(key)})
+			require.NoError(t, err)
+			require.Len(t, listed, 1)
+			require.Equal(t, again.Run.ID, listed[0].ID)
+			listed, err = c.ListRuns(ctx, engine.ListParams{ChildKey: string(key.Nth(1))})
+			require.NoError(t, err)
+			require.Empty(t, listed, "a key the run never journaled finds nothing")
+			listed, err = c.ListRuns(ctx, engine.ListParams{Tenant: "other", ChildKey: string(key)})
+			require.NoError(t, err)
+			require.Empty(t, listed, "nor does another tenant's listing")
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ratchet-run/ratchet/internal/testdb"
 	"github.com/ratchet-run/ratchet/migrations"
+	"github.com/ratchet-run/ratchet/steps"
 )
 
 // emptyDB returns a pool on a database with nothing applied: the template is
@@ -105,4 +106,18 @@ func TestApplyConcurrentlyYieldsOneSchema(t *testing.T) {
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM ratchet.schema_migrations").Scan(&n))
 	require.Equal(t, len(all), n)
+}
+
+// ratchet.request_digest, which the claim of a run of key format 3 stores,
+// is steps.RequestDigest, which its child keys carry: otherwise the
+// listing would not find a run by its keys.
+func TestRequestDigestInSQLIsTheChildKeysDigest(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t, nil)
+	for _, v := range [][2]string{{"default", "order-42"}, {"acme", "order-42"}, {"", ""}, {"défaut", "commande-ünïcode-€"},
+		{"t", "key with spaces and 'quotes'"}, {"ab", "c"}, {"a", "bc"}} {
+		var got []byte
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT ratchet.request_digest($1, $2)`, v[0], v[1]).Scan(&got))
+		require.Equal(t, steps.RequestDigest(v[0], v[1]), got, "%q", v)
+	}
 }

@@ -18,11 +18,13 @@ import (
 // A key of the first format is "rk1_" followed by 32 characters of
 // lowercase base32 (a-z, 2-7): 36 bytes. A key of the second is "rk2_",
 // the run's id in lowercase, "_" and 24 characters of lowercase base32:
-// 55 bytes. Both are safe in an HTTP header, a URL or a file name.
+// 55 bytes. A key of the third is "rk3_", the request's digest in 26
+// characters of lowercase base32, "_" and 24 more: 55 bytes too. All are
+// safe in an HTTP header, a URL or a file name.
 type Key string
 
 // KeyLen is the length of a key of the first format (ChildKey); KeyLenV2
-// of the second (ChildKeyV2).
+// of the second (ChildKeyV2) and of the third (ChildKeyV3).
 const (
 	KeyLen   = 36
 	KeyLenV2 = 55
@@ -31,6 +33,7 @@ const (
 const (
 	keyPrefix   = "rk1_"
 	keyPrefixV2 = "rk2_"
+	keyPrefixV3 = "rk3_"
 )
 
 var keyEncoding = base32.StdEncoding.WithPadding(base32.NoPadding)
@@ -75,6 +78,53 @@ func ChildKeyV2(tenant, runID, phase string) (Key, error) {
 	return Key(keyPrefixV2 + strings.ToLower(runID) + "_" + hash("ratchet/child-key/v2", 15, tenant, runID, phase)), nil
 }
 
+// ChildKeyV3 derives the key of the step named phase in the run that the
+// request idempotencyKey of tenant started, in the third format, which
+// names the request rather than the run:
+//
+//	"rk3_" + lower(base32(RequestDigest(tenant, idempotencyKey))) + "_" +
+//	lower(base32(SHA-256(
+//	    "ratchet/child-key/v3" ‖ 0x00 ‖ field(tenant) ‖ field(idempotencyKey) ‖ field(phase)
+//	)[:15]))
+//
+// A run whose creation is lost (a failover to a standby the commit had not
+// reached) and that the client's retry creates again sends the same keys
+// as the lost one did: the downstream sees one call. Keys of the first two
+// formats derive from the run's id, which the new run does not share.
+// Key.Digest reads the request's digest back out of the key, so that the
+// run is found by it (an index of one entry per run, not per key).
+//
+// Like the others, the formula is frozen by golden vectors.
+func ChildKeyV3(tenant, idempotencyKey, phase string) Key {
+	return Key(keyPrefixV3 + strings.ToLower(keyEncoding.EncodeToString(RequestDigest(tenant, idempotencyKey))) + "_" +
+		hash("ratchet/child-key/v3", 15, tenant, idempotencyKey, phase))
+}
+
+// DigestLen is the length of RequestDigest's digests.
+const DigestLen = 16
+
+// RequestDigest identifies a request, its tenant and idempotency key, in
+// 16 bytes: SHA-256("ratchet/request/v3" ‖ 0x00 ‖ field(tenant) ‖
+// field(idempotencyKey))[:16]. Migration 0012 computes the same in SQL
+// (ratchet.request_digest), for each run's key_digest.
+func RequestDigest(tenant, idempotencyKey string) []byte {
+	return sum("ratchet/request/v3", tenant, idempotencyKey)[:DigestLen]
+}
+
+// Digest returns the request digest a key of the third format (ChildKeyV3)
+// carries, and false for any other string.
+func (k Key) Digest() ([]byte, bool) {
+	s := string(k)
+	if len(s) != KeyLenV2 || !strings.HasPrefix(s, keyPrefixV3) || s[30] != '_' {
+		return nil, false
+	}
+	d, err := keyEncoding.DecodeString(strings.ToUpper(s[4:30]))
+	if err != nil || len(d) != DigestLen || strings.ToLower(keyEncoding.EncodeToString(d)) != s[4:30] {
+		return nil, false
+	}
+	return d, true
+}
+
 // Run returns the id of the run a key of the second format (ChildKeyV2)
 // names, and false for any other string.
 func (k Key) Run() (string, bool) {
@@ -93,13 +143,17 @@ func (k Key) Run() (string, bool) {
 // field(decimal n); for one of the second, k's first 31 characters (the
 // prefix, the run, "_") followed by the hash of ChildKeyV2 with domain
 // "ratchet/child-key/v2/nth" over field(k) ‖ field(decimal n), so that it
-// names the same run.
+// names the same run; for one of the third, likewise with domain
+// "ratchet/child-key/v3/nth", so that it carries the same digest.
 func (k Key) Nth(n int) Key {
 	if n == 0 {
 		return k
 	}
 	if _, ok := k.Run(); ok {
 		return k[:31] + Key(hash("ratchet/child-key/v2/nth", 15, string(k), strconv.Itoa(n)))
+	}
+	if _, ok := k.Digest(); ok {
+		return k[:31] + Key(hash("ratchet/child-key/v3/nth", 15, string(k), strconv.Itoa(n)))
 	}
 	return derive("ratchet/child-key/v1/nth", string(k), strconv.Itoa(n))
 }
@@ -117,6 +171,11 @@ func derive(domain string, fields ...string) Key {
 
 // hash is lower(base32(SHA-256(domain ‖ 0x00 ‖ field(f)…)[:n])), unpadded.
 func hash(domain string, n int, fields ...string) string {
+	return strings.ToLower(keyEncoding.EncodeToString(sum(domain, fields...)[:n]))
+}
+
+// sum is SHA-256(domain ‖ 0x00 ‖ field(f)…).
+func sum(domain string, fields ...string) []byte {
 	h := sha256.New()
 	h.Write([]byte(domain))
 	h.Write([]byte{0})
@@ -126,8 +185,7 @@ func hash(domain string, n int, fields ...string) string {
 		h.Write(size[:])
 		h.Write([]byte(f))
 	}
-	sum := h.Sum(nil)
-	return strings.ToLower(keyEncoding.EncodeToString(sum[:n]))
+	return h.Sum(nil)
 }
 
 type keyContextKey struct{}

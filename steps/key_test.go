@@ -1,6 +1,7 @@
 package steps_test
 
 import (
+	"encoding/hex"
 	"regexp"
 	"testing"
 
@@ -60,6 +61,45 @@ func TestChildKeyV2GoldenVectors(t *testing.T) {
 	got, ok := k.Nth(7).Run()
 	require.True(t, ok)
 	require.Equal(t, run, got, "an nth key names the same run")
+}
+
+// The third format's vectors, computed the same way (and the request
+// digests, which migration 0012 computes in SQL too).
+func TestChildKeyV3GoldenVectors(t *testing.T) {
+	t.Parallel()
+	for _, v := range []struct {
+		tenant, key, phase string
+		want               steps.Key
+		digest             string
+	}{
+		{"default", "order-42", "charge_created", "rk3_xyzb6apn3d5n5xi4evlbogsdvi_epycv6ttpejtgl55qh4vdski", "be321f01edd8fadedd1c2556171a43aa"},
+		{"acme", "order-42", "charge_created", "rk3_tlagctwnbgjyxs4c3ir5msr7zy_ckp3xphwu4anm4zwircwuzgf", "9ac0614ecd09938bcb82da23d64a3fce"},
+		{"", "", "", "rk3_uw6dvboshf5l2azq5szes2prqe_nkes77mpqfozdjdyjsd6q4ai", "a5bc3a85d2397abd0330ecb24969f181"},
+		{"default", "order-42", "ünïcode phase", "rk3_xyzb6apn3d5n5xi4evlbogsdvi_qi7nffyphsxq2ypfgmre6ht2", "be321f01edd8fadedd1c2556171a43aa"},
+		{"default", "order-4", "2charge_created", "rk3_g2p2zxomo6v3qc7zdxmv3p5cam_3gihmr6pf7pplurx2lou7hb6", "369facddcc77abb80bf91dd95dbfa203"},
+	} {
+		k := steps.ChildKeyV3(v.tenant, v.key, v.phase)
+		require.Equal(t, v.want, k, "%+v", v)
+		require.Len(t, string(k), steps.KeyLenV2)
+		require.Equal(t, v.digest, hex.EncodeToString(steps.RequestDigest(v.tenant, v.key)))
+		d, ok := k.Digest()
+		require.True(t, ok)
+		require.Equal(t, v.digest, hex.EncodeToString(d), "the key carries its request's digest")
+		_, ok = k.Run()
+		require.False(t, ok, "a key of the third format names no run")
+	}
+	k := steps.ChildKeyV3("default", "order-42", "charge_created")
+	require.Equal(t, k, k.Nth(0))
+	require.Equal(t, steps.Key("rk3_xyzb6apn3d5n5xi4evlbogsdvi_6z2c5gdxfrv6v7r3uorcorh3"), k.Nth(1))
+	d, ok := k.Nth(7).Digest()
+	require.True(t, ok)
+	require.Equal(t, steps.RequestDigest("default", "order-42"), d, "an nth key carries the same digest")
+	for _, k := range []steps.Key{"", "rk3_xyzb6apn3d5n5xi4evlbogsdvi-epycv6ttpejtgl55qh4vdski", "rk3_xyzb6apn3d5n5xi4evlbogsdv1_epycv6ttpejtgl55qh4vdski",
+		"rk3_XYZB6APN3D5N5XI4EVLBOGSDVI_epycv6ttpejtgl55qh4vdski", "rk3_xyzb6apn3d5n5xi4evlbogsdvi_epycv6ttpejtgl55qh4vdsk",
+		"rk2_01jd3m5zq6v1yq2w3e4r5t6y7z_tdf3rbyr2srlte6iex6v7oi2"} {
+		_, ok := k.Digest()
+		require.False(t, ok, "%q carries no digest", k)
+	}
 }
 
 func TestChildKeyV2WantsARunIDThatIsAULID(t *testing.T) {

@@ -30,7 +30,7 @@ type appFlags struct {
 	MaxInline    int           `name:"max-inline" env:"RATCHET_MAX_INLINE" default:"32" help:"Runs the API executes inline at once; a start beyond it is answered 202 and left to a worker. Sizes the database pool with the worker's settings (env RATCHET_MAX_INLINE)."`
 	CommitWindow time.Duration `name:"commit-window" env:"RATCHET_COMMIT_WINDOW" default:"500us" help:"How long a run's start, a step's result or a run's finish may wait for those of other runs this process executes, to be committed together in one round trip; 0 commits each alone (env RATCHET_COMMIT_WINDOW; docs/performance.md)."`
 	PollOnly     bool          `name:"poll-only" env:"RATCHET_POLL_ONLY" help:"River polls for jobs instead of LISTENing: for a database URL that goes through a transaction pooler such as PgBouncer (env RATCHET_POLL_ONLY; docs/performance.md)."`
-	KeyFormat    int           `name:"key-format" env:"RATCHET_KEY_FORMAT" default:"1" enum:"1,2" help:"Child-key format of the runs this process creates: 2 names the run in the key and needs no index of every key sent; set it once no older release runs against the database (env RATCHET_KEY_FORMAT; docs/steps.md)."`
+	KeyFormat    int           `name:"key-format" env:"RATCHET_KEY_FORMAT" default:"1" enum:"1,2,3" help:"Child-key format of the runs this process creates: 2 names the run in the key and needs no index of every key sent; 3 names the request, so a run lost in a failover and created again by the client's retry sends the same keys; set it once no older release runs against the database (env RATCHET_KEY_FORMAT; docs/steps.md)."`
 }
 
 // workerConfig is the service's worker configuration but for what newApp

@@ -44,7 +44,7 @@ func (c *devCmd) Run(e *env) error {
 		return err
 	}
 	defer stopCluster()
-	flags := appFlags{StaleAfter: c.StaleAfter, MaxInline: 32, KeyFormat: 2, CommitWindow: 500 * time.Microsecond}
+	flags := appFlags{StaleAfter: c.StaleAfter, MaxInline: 32, KeyFormat: 3, CommitWindow: 500 * time.Microsecond}
 	pool, err := (&dbFlags{DatabaseURL: dsn, conns: workerConfig(flags, true).Connections()}).connect(ctx)
 	if err != nil {
 		return err

@@ -17,8 +17,8 @@
 // A retry, a crash anywhere, or a client storm never charges twice, never
 // posts the ledger twice and never stages two receipts. The one duplicate
 // left is the delivery worker dying between sending an email and recording
-// it: the email is then sent again with the same message id (the outbox
-// job's id), which a mail service that can deduplicate will honour.
+// it: the email is then sent again with the same message id (the charge's
+// id), which a mail service that can deduplicate will honour.
 package payments
 
 import (

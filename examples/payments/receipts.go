@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/riverqueue/river"
@@ -32,9 +31,11 @@ func (p *Payments) AddWorkers(workers *river.Workers) error {
 	return river.AddWorkerSafely(workers, &receiptWorker{p: p})
 }
 
-// MessageID is the stable message id of the receipt staged as outbox job
-// jobID: the same on every delivery attempt.
-func MessageID(jobID int64) string { return "receipt-" + strconv.FormatInt(jobID, 10) }
+// MessageID is the stable message id of the receipt of the charge
+// chargeID: the same on every delivery attempt, and for every run of the
+// payment that gets the same charge from the gateway (runs of key format
+// 3 do, even when a failover lost the first: docs/performance.md).
+func MessageID(chargeID string) string { return "receipt-" + chargeID }
 
 type receiptWorker struct {
 	river.WorkerDefaults[ReceiptArgs]
@@ -53,7 +54,7 @@ func (w *receiptWorker) Timeout(*river.Job[ReceiptArgs]) time.Duration { return 
 // comment).
 func (w *receiptWorker) Work(ctx context.Context, job *river.Job[ReceiptArgs]) error {
 	a := job.Args
-	msgID := MessageID(job.ID)
+	msgID := MessageID(a.ChargeID)
 	body, _ := json.Marshal(map[string]string{
 		"message_id": msgID,
 		"to":         a.Email,
