@@ -7,12 +7,14 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ratchet-run/ratchet/internal/fakes"
@@ -28,6 +30,7 @@ type chaosCmd struct {
 
 type chaosFailoverCmd struct {
 	Replication []string      `name:"replication" default:"sync,async" enum:"sync,async" help:"Replication modes to run, each on a fresh primary and standby."`
+	KeyFormats  []int         `name:"key-formats" default:"2,3" help:"Child-key formats the serve process creates runs with (--key-format), each a run of its own for each mode: 2 names the run, 3 the request."`
 	Payments    int           `name:"payments" default:"2000" help:"Payments posted, each with its own Idempotency-Key, retried by its client until it has an answer."`
 	Concurrency int           `name:"concurrency" default:"16" help:"Clients posting at once."`
 	FailAfter   time.Duration `name:"fail-after" default:"2s" help:"How long the load runs before the primary is stopped and the standby promoted."`
@@ -41,23 +44,31 @@ func (c *chaosFailoverCmd) Run(e *env) error {
 	if c.Payments < 1 || c.Concurrency < 1 || c.FailAfter <= 0 || c.StaleAfter < 100*time.Millisecond || c.Timeout <= 0 {
 		return fmt.Errorf("--payments, --concurrency, --fail-after and --timeout must be positive, --stale-after at least 100ms")
 	}
+	for _, f := range c.KeyFormats {
+		if f < 1 || f > 3 {
+			return fmt.Errorf("--key-formats %d: want 1, 2 or 3", f)
+		}
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "%d payments from %d clients, each retried with its key until answered; the primary killed (SIGKILL, every process) and the standby promoted after %s,\n"+
 		"the primary's WAL sender paused for the last %s before (a slow link);\n"+
-		"one ratchet serve process (with its worker, --stale-after %s) on the multi-host URL with target_session_attrs=read-write.\n",
+		"one ratchet serve process (with its worker, --stale-after %s) on the multi-host URL with target_session_attrs=read-write;\n"+
+		"a payment answered before the failover whose run the new primary lacks is sent again by its client afterwards.\n",
 		c.Payments, c.Concurrency, c.FailAfter, c.Stall, c.StaleAfter)
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "replication\tWAL behind at failover\tsucceeded\tacknowledged before\tacknowledged runs lost\tsteps repeated, same key\tduplicate charges\treceipts redelivered, same id\tduplicate receipts\tmissing receipts\tfailover to all done\t")
+	fmt.Fprintln(tw, "replication\tkey format\tWAL behind at failover\tsucceeded\tacknowledged before\tacknowledged runs lost, sent again\tsteps repeated, same key\tduplicate charges\treceipts redelivered, same id\tduplicate receipts\tmissing receipts\tfailover to all done\t")
 	for _, mode := range c.Replication {
-		fmt.Fprintf(e.stderr, "%s replication: starting a primary and a standby\n", mode)
-		row, err := c.once(e, self, mode == "sync")
-		if err != nil {
-			return fmt.Errorf("%s replication: %w", mode, err)
+		for _, format := range c.KeyFormats {
+			fmt.Fprintf(e.stderr, "%s replication, key format %d: starting a primary and a standby\n", mode, format)
+			row, err := c.once(e, self, mode == "sync", format)
+			if err != nil {
+				return fmt.Errorf("%s replication, key format %d: %w", mode, format, err)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t\n", mode, format, row)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t\n", mode, row)
 	}
 	return tw.Flush()
 }
@@ -70,7 +81,7 @@ type ack struct {
 
 // once runs the failover on a fresh pair and returns the row's cells but
 // the first.
-func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool) (string, error) {
+func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat int) (string, error) {
 	ctx := e.ctx
 	pair, err := pgboot.StartPair(ctx, synchronous)
 	if err != nil {
@@ -101,7 +112,7 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool) (string, 
 	}
 	defer stopMail()
 	procs, err := startServes(ctx, self, 1, withPoolSize(pair.URL, 40), "--gateway-url", gwURL, "--mail-url", mailURL,
-		"--stale-after", c.StaleAfter.String())
+		"--stale-after", c.StaleAfter.String(), "--key-format", strconv.Itoa(keyFormat))
 	if err != nil {
 		return "", err
 	}
@@ -164,43 +175,53 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool) (string, 
 
 	// Runs whose clients had their answer before a later state was lost
 	// are finished by the worker's recoverer: wait for the runs in flight.
-	settleBy := time.Now().Add(c.Timeout)
-	for {
-		var unfinished int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM ratchet.runs WHERE finished_at IS NULL`).Scan(&unfinished); err != nil {
-			return "", err
-		}
-		if unfinished == 0 || time.Now().After(settleBy) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := settle(ctx, pool, c.Timeout); err != nil {
+		return "", err
 	}
-	allDone := time.Since(failedAt)
-
-	// What the new primary holds.
-	runs := map[string][2]string{} // idempotency key: run id, status
-	rows, err := pool.Query(ctx, `SELECT idempotency_key, id, status FROM ratchet.runs`)
+	runs, err := runsByKey(ctx, pool)
 	if err != nil {
 		return "", err
 	}
-	for rows.Next() {
-		var key, id, status string
-		if err := rows.Scan(&key, &id, &status); err != nil {
-			return "", err
+	// A run answered and missing after the failover is lost. Its
+	// client, learning that (say, by asking for the payment), sends it
+	// again with its key: the same call downstream, with keys of format 3.
+	// (Answers that reached their clients while the primary was being
+	// killed count too: every answer is the client's by now.)
+	var lost []int
+	for i := range c.Payments {
+		if a, ok := acks[i]; ok && runs[chaosKey(i)][0] != a.runID {
+			lost = append(lost, i)
 		}
-		runs[key] = [2]string{id, status}
 	}
-	if err := rows.Err(); err != nil {
+	resendBy := time.Now().Add(c.Timeout)
+	for _, i := range lost {
+		for time.Now().Before(resendBy) {
+			if _, ok := postPayment(ctx, client, base, i); ok {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if err := settle(ctx, pool, c.Timeout); err != nil {
 		return "", err
 	}
-	succeeded, lost := 0, 0
+	allDone := time.Since(failedAt)
+	if runs, err = runsByKey(ctx, pool); err != nil {
+		return "", err
+	}
+	succeeded, others := 0, map[string]int{}
 	for i := range c.Payments {
-		if runs[chaosKey(i)][1] == "succeeded" {
+		switch st := runs[chaosKey(i)][1]; st {
+		case "succeeded":
 			succeeded++
+		case "":
+			others["no run"]++
+		default:
+			others[st]++
 		}
-		if a, ok := before[i]; ok && runs[chaosKey(i)][0] != a.runID {
-			lost++
-		}
+	}
+	if len(others) > 0 {
+		fmt.Fprintf(e.stderr, "  payments not succeeded, by their run's status: %v\n", others)
 	}
 	// Receipts are River jobs worked after their run's ledger phase: wait
 	// for one per succeeded payment (a job broken off by the failover is
@@ -256,7 +277,7 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool) (string, 
 		}
 	}
 	return fmt.Sprintf("%d\t%d/%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s",
-		lag, succeeded, c.Payments, len(before), lost, repeated, duplicates, redelivered, dupReceipts, missingReceipts, allDone.Round(100*time.Millisecond)), nil
+		lag, succeeded, c.Payments, len(before), len(lost), repeated, duplicates, redelivered, dupReceipts, missingReceipts, allDone.Round(100*time.Millisecond)), nil
 }
 
 func chaosKey(i int) string   { return fmt.Sprintf("failover-%d", i) }
@@ -265,6 +286,36 @@ func chaosEmail(i int) string { return fmt.Sprintf("p%d@example.com", i) }
 // postPayment posts payment i and reports its answer when the run has
 // finished (201, or 200 for a replay); anything else (a 202, a 409 while it
 // runs elsewhere, a 503, a broken connection) is to be retried.
+// settle waits until no run is unfinished, or for at most timeout.
+func settle(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) error {
+	by := time.Now().Add(timeout)
+	for {
+		var unfinished int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM ratchet.runs WHERE finished_at IS NULL`).Scan(&unfinished); err != nil {
+			return err
+		}
+		if unfinished == 0 || time.Now().After(by) {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// runsByKey reads every run's id and status by its idempotency key.
+func runsByKey(ctx context.Context, pool *pgxpool.Pool) (map[string][2]string, error) {
+	rows, err := pool.Query(ctx, `SELECT idempotency_key, id, status FROM ratchet.runs`)
+	if err != nil {
+		return nil, err
+	}
+	runs := map[string][2]string{}
+	var key, id, status string
+	_, err = pgx.ForEachRow(rows, []any{&key, &id, &status}, func() error {
+		runs[key] = [2]string{id, status}
+		return nil
+	})
+	return runs, err
+}
+
 func postPayment(ctx context.Context, client *http.Client, base string, i int) (ack, bool) {
 	body := fmt.Sprintf(`{"amount": %d, "currency": "usd", "customer": "cus_failover_%d", "email": %q}`, 100+i, i, chaosEmail(i))
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/workflows/payment/runs", strings.NewReader(body))

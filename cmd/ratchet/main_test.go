@@ -294,10 +294,19 @@ func TestBenchScaleStartsServeProcessesAndMeasuresThem(t *testing.T) {
 func TestBenchHistoryMeasuresEachSizeAndKeyFormat(t *testing.T) {
 	t.Parallel()
 	url := testdb.NewURL(t)
-	code, out, errOut := runMain(t, "bench", "history", "--database-url", url, "--sizes", "0,2000", "--runs", "40", "--concurrency", "4")
+	code, out, errOut := runMain(t, "bench", "history", "--database-url", url, "--sizes", "0,2000", "--runs", "40", "--concurrency", "4",
+		"--key-formats", "1,2,3", "--wal-compression", "off,pglz")
 	require.Equal(t, 0, code, errOut)
-	for _, row := range []string{`(?m)^\s+0\s+1\s+\d+`, `(?m)^\s+0\s+2\s+\d+`, `(?m)^\s+2000\s+1\s+\d+`, `(?m)^\s+2000\s+2\s+\d+.*×\s*$`,
-		`(?m)^\s+phases_child_key_idx\s+\d+\s*$`, `(?m)^\s+runs\s+\d+\s*$`} {
+	var rows []string
+	for _, size := range []string{"0", "2000"} {
+		for _, format := range []string{"1", "2", "3"} {
+			for _, compression := range []string{"off", "pglz"} {
+				rows = append(rows, `(?m)^\s+`+size+`\s+`+format+`\s+`+compression+`\s+40\s+\d+\s+\S+\s+\S+\s+\d+\s+\d+\.\d\d\s+\d+\.\d\d×\s+\d+\s*$`)
+			}
+		}
+	}
+	for _, row := range append(rows, `(?m)^\s+runs_key_digest_idx\s+\d+\s*$`,
+		`(?m)^\s+phases_child_key_idx\s+\d+\s*$`, `(?m)^\s+runs\s+\d+\s*$`) {
 		require.Regexp(t, row, out)
 	}
 	require.Contains(t, errOut, "seeded 2000 of 2000 runs")
@@ -355,10 +364,10 @@ func mustFloat(t *testing.T, s string) float64 {
 func TestChaosFailoverWithSynchronousReplicationLosesNothing(t *testing.T) {
 	t.Parallel()
 	bin := buildCrashBinary(t)
-	out, err := exec.Command(bin, "chaos", "failover", "--replication", "sync", "--payments", "800",
+	out, err := exec.Command(bin, "chaos", "failover", "--replication", "sync", "--key-formats", "3", "--payments", "800",
 		"--fail-after", "1s", "--stall", "500ms", "--timeout", "2m").CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	row := regexp.MustCompile(`(?m)^\s+sync\s+(\d+)\s+(\d+)/(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s`).FindStringSubmatch(string(out))
+	row := regexp.MustCompile(`(?m)^\s+sync\s+3\s+(\d+)\s+(\d+)/(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s`).FindStringSubmatch(string(out))
 	require.NotNil(t, row, "%s", out)
 	require.Equal(t, "800", row[2], "every payment succeeded: %s", out)
 	require.NotEqual(t, "0", row[4], "some payments were answered before the failover: %s", out)
