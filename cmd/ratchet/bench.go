@@ -117,17 +117,19 @@ func (c *benchEnginesCmd) Run(e *env) error {
 
 type benchHistoryCmd struct {
 	dbFlags
-	Sizes       []int `name:"sizes" default:"0,1000000" help:"History sizes to measure at, in runs, ascending (seeded by SQL, indexes built after the rows: the whole 0,10000000 run took about 10 minutes)."`
-	Runs        int   `name:"runs" default:"20000" help:"Runs executed and measured at each size."`
-	Concurrency int   `name:"concurrency" default:"16" help:"Callers starting runs at once."`
-	KeyFormats  []int `name:"key-formats" default:"1,2" help:"Child-key formats measured at each size (engine.Config.KeyFormat)."`
+	Sizes          []int         `name:"sizes" default:"0,1000000" help:"History sizes to measure at, in runs, ascending (seeded by SQL, indexes built after the rows: the whole 0,10000000 run took about 10 minutes)."`
+	Runs           int           `name:"runs" default:"20000" help:"Runs executed and measured at each size."`
+	Concurrency    int           `name:"concurrency" default:"16" help:"Callers starting runs at once."`
+	KeyFormats     []int         `name:"key-formats" default:"1,2" help:"Child-key formats measured at each size (engine.Config.KeyFormat)."`
+	Duration       time.Duration `name:"duration" help:"Make each measurement last this long instead of --runs runs; the server's checkpoint_timeout measures a whole checkpoint cycle (the steady state)."`
+	WALCompression []string      `name:"wal-compression" help:"Repeat each measurement with these values of wal_compression (off, pglz, lz4, zstd), set on the engine's connections; needs a superuser. Default: the server's setting."`
 }
 
 // Run measures the cost of a run at growing history sizes in a database of
 // its own, created on the server of --database-url and dropped afterwards.
 func (c *benchHistoryCmd) Run(e *env) error {
-	if c.Concurrency < 1 || c.Runs < 1 || len(c.Sizes) == 0 || !slices.IsSorted(c.Sizes) || c.Sizes[0] < 0 {
-		return fmt.Errorf("--concurrency and --runs must be positive, --sizes not negative and ascending")
+	if c.Concurrency < 1 || c.Runs < 1 || c.Duration < 0 || len(c.Sizes) == 0 || !slices.IsSorted(c.Sizes) || c.Sizes[0] < 0 {
+		return fmt.Errorf("--concurrency and --runs must be positive, --duration and --sizes not negative, --sizes ascending")
 	}
 	pool, _, done, err := scratchDatabase(e, &c.dbFlags, int32(c.Concurrency)+2)
 	if err != nil {
@@ -135,11 +137,12 @@ func (c *benchHistoryCmd) Run(e *env) error {
 	}
 	defer done()
 	for _, f := range c.KeyFormats {
-		if f != 1 && f != 2 {
-			return fmt.Errorf("--key-formats %d: want 1 or 2", f)
+		if f < 1 || f > 3 {
+			return fmt.Errorf("--key-formats %d: want 1, 2 or 3", f)
 		}
 	}
-	return bench.History(e.ctx, pool, bench.HistoryOptions{Sizes: c.Sizes, Runs: c.Runs, Concurrency: c.Concurrency, KeyFormats: c.KeyFormats}, e.stdout, e.stderr)
+	return bench.History(e.ctx, pool, bench.HistoryOptions{Sizes: c.Sizes, Runs: c.Runs, Concurrency: c.Concurrency, KeyFormats: c.KeyFormats,
+		Duration: c.Duration, WALCompression: c.WALCompression}, e.stdout, e.stderr)
 }
 
 // scratchDatabase creates a migrated database of its own on the server of

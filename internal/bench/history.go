@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"crypto/md5"
 	"fmt"
@@ -213,6 +214,22 @@ type HistoryOptions struct {
 	// KeyFormats are the child-key formats measured at each size, one
 	// after the other (engine.Config.KeyFormat). Defaults to 1 and 2.
 	KeyFormats []int
+	// Duration, when positive, makes each measurement last this long
+	// rather than Runs runs. The server's checkpoint_timeout measures a
+	// whole checkpoint cycle: the steady state, where a page is written
+	// whole once per cycle however many runs touch it in it.
+	Duration time.Duration
+	// WALCompression lists values of the wal_compression setting each
+	// measurement is repeated with, set on the engine's connections
+	// (which needs a superuser or the privilege to set it). Defaults to
+	// the server's own setting alone ("").
+	WALCompression []string
+}
+
+// historyConfig is one configuration History measures at each size.
+type historyConfig struct {
+	format      int
+	compression string // "": the server's setting
 }
 
 // History measures what a run costs as history grows: at each size it
@@ -245,23 +262,45 @@ func History(ctx context.Context, pool *pgxpool.Pool, opts HistoryOptions, out, 
 	if !slices.IsSorted(opts.Sizes) {
 		return fmt.Errorf("bench: history sizes %v are not ascending", opts.Sizes)
 	}
+	if len(opts.WALCompression) == 0 {
+		opts.WALCompression = []string{""}
+	}
 	workflows := engine.NewWorkflows()
 	if err := registerPayment(workflows); err != nil {
 		return err
 	}
-	clients := map[int]*engine.Client{}
-	for _, f := range opts.KeyFormats {
-		c, err := engine.NewClient(pool, &engine.Config{Workflows: workflows, KeyFormat: f})
-		if err != nil {
-			return err
+	var configs []historyConfig
+	clients := map[historyConfig]*engine.Client{}
+	for _, compression := range opts.WALCompression {
+		p := pool
+		if compression != "" {
+			cfg := pool.Config()
+			cfg.ConnConfig.RuntimeParams["wal_compression"] = compression
+			var err error
+			if p, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+				return err
+			}
+			defer p.Close()
+			if err := p.Ping(ctx); err != nil {
+				return fmt.Errorf("bench: wal_compression = %s: %w", compression, err)
+			}
 		}
-		clients[f] = c
+		for _, f := range opts.KeyFormats {
+			c, err := engine.NewClient(p, &engine.Config{Workflows: workflows, KeyFormat: f})
+			if err != nil {
+				return err
+			}
+			hc := historyConfig{format: f, compression: compression}
+			configs = append(configs, hc)
+			clients[hc] = c
+		}
 	}
 	type row struct {
-		size, format int
-		res          Result
-		wal          walStats
-		sizes        []relationSize
+		size int
+		historyConfig
+		res   Result
+		wal   walStats
+		sizes []relationSize
 	}
 	var rows []row
 	seeded, executed := 0, 0
@@ -276,7 +315,14 @@ func History(ctx context.Context, pool *pgxpool.Pool, opts HistoryOptions, out, 
 			}
 			seeded = size
 		}
-		for _, format := range opts.KeyFormats {
+		for _, hc := range configs {
+			if size == 0 && executed > 0 {
+				// The empty history is empty for each configuration.
+				if _, err := pool.Exec(ctx, `TRUNCATE ratchet.runs CASCADE`); err != nil {
+					return fmt.Errorf("bench: empty the history: %w", err)
+				}
+				executed = 0
+			}
 			if _, err := pool.Exec(ctx, `CHECKPOINT`); err != nil {
 				return fmt.Errorf("bench: checkpoint (the role needs pg_checkpoint or superuser): %w", err)
 			}
@@ -284,10 +330,15 @@ func History(ctx context.Context, pool *pgxpool.Pool, opts HistoryOptions, out, 
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(progress, "history of %d runs: executing %d runs, child keys of format %d\n", seeded+executed, opts.Runs, format)
-			c := clients[format]
-			res, err := Drive(ctx, opts.Concurrency, opts.Runs, 0, func(ctx context.Context, i int) error {
-				key := HistoryKey(fmt.Sprintf("bench-%d-%d-%d", size, format, i))
+			fmt.Fprintf(progress, "history of %d runs: executing %s, child keys of format %d, wal_compression %s\n",
+				seeded+executed, measurementLength(opts), hc.format, cmp.Or(hc.compression, "as the server's"))
+			c := clients[hc]
+			n := opts.Runs
+			if opts.Duration > 0 {
+				n = 0
+			}
+			res, err := Drive(ctx, opts.Concurrency, n, opts.Duration, func(ctx context.Context, i int) error {
+				key := HistoryKey(fmt.Sprintf("bench-%d-%d-%s-%d", size, hc.format, hc.compression, i))
 				res, err := c.Start(ctx, engine.StartParams{Workflow: "payment3", IdempotencyKey: key, Input: []byte(`{}`)})
 				if err == nil && res.Run.Status != engine.StatusSucceeded {
 					err = fmt.Errorf("run %s ended %s", key, res.Run.Status)
@@ -301,27 +352,27 @@ func History(ctx context.Context, pool *pgxpool.Pool, opts HistoryOptions, out, 
 			if err != nil {
 				return err
 			}
-			executed += opts.Runs
+			executed += res.Ops
 			sizes, err := relationSizes(ctx, pool)
 			if err != nil {
 				return err
 			}
-			rows = append(rows, row{size: size, format: format, res: res, wal: after.sub(before), sizes: sizes})
+			rows = append(rows, row{size: size, historyConfig: hc, res: res, wal: after.sub(before), sizes: sizes})
 		}
 	}
 
-	fmt.Fprintf(out, "%d runs of a payment-shaped workflow (step, atomic, step) at concurrency %d, from a checkpoint, at each history size and child-key format\n",
-		opts.Runs, opts.Concurrency)
+	fmt.Fprintf(out, "%s of a payment-shaped workflow (step, atomic, step) at concurrency %d, from a checkpoint, at each history size and configuration\n",
+		measurementLength(opts), opts.Concurrency)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "history\tkey format\truns/s\tp50 ms\tp99 ms\tWAL bytes/run\tfull-page images/run\tvs. empty history\t")
-	first := map[int]float64{}
+	fmt.Fprintln(tw, "history\tkey format\twal_compression\truns\truns/s\tp50 ms\tp99 ms\tWAL bytes/run\tfull-page images/run\tvs. empty history\tcheckpoints\t")
+	first := map[historyConfig]float64{}
 	for _, r := range rows {
 		per := float64(r.wal.bytes) / float64(r.res.Ops)
-		if _, ok := first[r.format]; !ok {
-			first[r.format] = per
+		if _, ok := first[r.historyConfig]; !ok {
+			first[r.historyConfig] = per
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%.0f\t%s\t%s\t%.0f\t%.2f\t%.2f×\t\n", r.size, r.format, r.res.Rate(), ms(r.res.P50), ms(r.res.P99),
-			per, float64(r.wal.fpi)/float64(r.res.Ops), per/first[r.format])
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%.0f\t%s\t%s\t%.0f\t%.2f\t%.2f×\t%d\t\n", r.size, r.format, cmp.Or(r.compression, "server's"), r.res.Ops, r.res.Rate(),
+			ms(r.res.P50), ms(r.res.P99), per, float64(r.wal.fpi)/float64(r.res.Ops), per/first[r.historyConfig], r.wal.checkpoints)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -337,6 +388,14 @@ func History(ctx context.Context, pool *pgxpool.Pool, opts HistoryOptions, out, 
 	return tw.Flush()
 }
 
+// measurementLength says how long each of History's measurements lasts.
+func measurementLength(opts HistoryOptions) string {
+	if opts.Duration > 0 {
+		return opts.Duration.String()
+	}
+	return fmt.Sprintf("%d runs", opts.Runs)
+}
+
 // HistoryKey is an idempotency key like the seeded history's: "order-"
 // and the MD5 of seed in hex.
 func HistoryKey(seed string) string {
@@ -346,10 +405,12 @@ func HistoryKey(seed string) string {
 // walStats are pg_stat_wal's counters.
 type walStats struct {
 	bytes, fpi, records int64
+	checkpoints         int64 // begun, timed or requested
 }
 
 func (w walStats) sub(earlier walStats) walStats {
-	return walStats{bytes: w.bytes - earlier.bytes, fpi: w.fpi - earlier.fpi, records: w.records - earlier.records}
+	return walStats{bytes: w.bytes - earlier.bytes, fpi: w.fpi - earlier.fpi, records: w.records - earlier.records,
+		checkpoints: w.checkpoints - earlier.checkpoints}
 }
 
 func readWAL(ctx context.Context, pool *pgxpool.Pool) (walStats, error) {
@@ -359,6 +420,18 @@ func readWAL(ctx context.Context, pool *pgxpool.Pool) (walStats, error) {
 		Scan(&w.bytes, &w.fpi, &w.records)
 	if err != nil {
 		return w, fmt.Errorf("bench: read WAL position: %w", err)
+	}
+	// Postgres 17 moved the checkpoint counters to a view of their own.
+	var checkpointer bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_stat_checkpointer') IS NOT NULL`).Scan(&checkpointer); err != nil {
+		return w, fmt.Errorf("bench: read checkpoints: %w", err)
+	}
+	q := `SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter`
+	if checkpointer {
+		q = `SELECT num_timed + num_requested FROM pg_stat_checkpointer`
+	}
+	if err := pool.QueryRow(ctx, q).Scan(&w.checkpoints); err != nil {
+		return w, fmt.Errorf("bench: read checkpoints: %w", err)
 	}
 	return w, nil
 }
