@@ -1,6 +1,7 @@
 package steps_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -39,6 +40,24 @@ func ExampleChildKeyV2() {
 	// 01JD3M5ZQ6V1YQ2W3E4R5T6Y7Z true
 	// 01JD3M5ZQ6V1YQ2W3E4R5T6Y7Z true
 	// steps: run id "run-1" is not a canonical ULID
+}
+
+// A key of the third format names the request (the tenant and its
+// idempotency key), so every run made for that request sends the same
+// key; Digest reads back the request's digest, by which its run is found.
+func ExampleChildKeyV3() {
+	key := steps.ChildKeyV3("default", "order-42", "charge_created")
+	fmt.Println(key)
+	d, ok := key.Digest()
+	fmt.Println(bytes.Equal(d, steps.RequestDigest("default", "order-42")), ok)
+	d, ok = key.Nth(1).Digest() // the second call of the step: the same request
+	fmt.Println(bytes.Equal(d, steps.RequestDigest("default", "order-42")), ok)
+	fmt.Println(key == steps.ChildKeyV3("acme", "order-42", "charge_created")) // another tenant's request
+	// Output:
+	// rk3_xyzb6apn3d5n5xi4evlbogsdvi_epycv6ttpejtgl55qh4vdski
+	// true true
+	// true true
+	// false
 }
 
 // Classify says what a failed call means for retrying it.
