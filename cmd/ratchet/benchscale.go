@@ -331,19 +331,23 @@ func cpuOf(procs []*serveProc, local bool) cpuTicks {
 		dirs, _ := filepath.Glob("/proc/[0-9]*")
 		for _, d := range dirs {
 			if comm, err := os.ReadFile(d + "/comm"); err == nil && strings.TrimSpace(string(comm)) == "postgres" {
-				t.postgres += procTicks(d)
+				// With the time of reaped children: a backend that exits
+				// during the measurement moves its time to the
+				// postmaster's, rather than out of the sum.
+				t.postgres += procTicks(d, true)
 			}
 		}
 	}
 	for _, p := range procs {
-		t.serve += procTicks("/proc/" + strconv.Itoa(p.cmd.Process.Pid))
+		t.serve += procTicks("/proc/"+strconv.Itoa(p.cmd.Process.Pid), false)
 	}
-	t.self = procTicks("/proc/self")
+	t.self = procTicks("/proc/self", false)
 	return t
 }
 
-// procTicks is the user and system time of the process at dir.
-func procTicks(dir string) int64 {
+// procTicks is the user and system time of the process at dir, and with
+// children that of its children it has waited for.
+func procTicks(dir string, children bool) int64 {
 	b, err := os.ReadFile(dir + "/stat")
 	if err != nil {
 		return 0
@@ -354,12 +358,19 @@ func procTicks(dir string) int64 {
 		return 0
 	}
 	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
+	if len(f) < 15 {
 		return 0
 	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return utime + stime
+	n := 13 // utime, stime
+	if children {
+		n = 15 // and cutime, cstime
+	}
+	var sum int64
+	for _, v := range f[11:n] {
+		ticks, _ := strconv.ParseInt(v, 10, 64)
+		sum += ticks
+	}
+	return sum
 }
 
 // isLocal reports whether host is this machine.
