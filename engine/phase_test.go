@@ -68,7 +68,7 @@ func TestMisconfigurationsSayWhatToDo(t *testing.T) {
 	workflows := engine.NewWorkflows()
 	_, err := engine.Register(workflows, "idle", func(ctx context.Context, _ struct{}) (int, error) {
 		return engine.Atomic(ctx, "slow", func(context.Context, pgx.Tx) (int, error) {
-			time.Sleep(600 * time.Millisecond)
+			time.Sleep(2 * time.Second)
 			return 1, nil
 		}, nil)
 	}, nil)
@@ -80,14 +80,16 @@ func TestMisconfigurationsSayWhatToDo(t *testing.T) {
 		}, nil)
 	}, nil)
 	require.NoError(t, err)
-	c := b.client(t, workflows, &engine.Config{StaleAfter: 300 * time.Millisecond, Retry: constantRetry(time.Hour)})
+	// A lease long enough that a loaded machine's late heartbeat does not
+	// lose it (300 ms did, under the whole suite).
+	c := b.client(t, workflows, &engine.Config{StaleAfter: time.Second, Retry: constantRetry(time.Hour)})
 
 	res, err := c.Start(ctx, engine.StartParams{Workflow: "idle", IdempotencyKey: "a", Input: []byte(`{}`)})
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusPending, res.Run.Status)
 	require.Equal(t, engine.CodePhaseIdleTimeout, res.Run.Error.Code, "%+v", res.Run.Error)
 	require.Contains(t, res.Run.Error.Message, "do slow work")
-	require.Contains(t, res.Run.Error.Message, "300ms")
+	require.Contains(t, res.Run.Error.Message, "1s")
 
 	res, err = c.Start(ctx, engine.StartParams{Workflow: "unmigrated", IdempotencyKey: "b", Input: []byte(`{}`)})
 	require.NoError(t, err)
