@@ -131,16 +131,14 @@ func (c *benchHistoryCmd) Run(e *env) error {
 	if c.Concurrency < 1 || c.Runs < 1 || c.Duration < 0 || len(c.Sizes) == 0 || !slices.IsSorted(c.Sizes) || c.Sizes[0] < 0 {
 		return fmt.Errorf("--concurrency and --runs must be positive, --duration and --sizes not negative, --sizes ascending")
 	}
+	if err := checkKeyFormats(c.KeyFormats); err != nil {
+		return err
+	}
 	pool, _, done, err := scratchDatabase(e, &c.dbFlags, int32(c.Concurrency)+2)
 	if err != nil {
 		return err
 	}
 	defer done()
-	for _, f := range c.KeyFormats {
-		if f < 1 || f > 3 {
-			return fmt.Errorf("--key-formats %d: want 1, 2 or 3", f)
-		}
-	}
 	return bench.History(e.ctx, pool, bench.HistoryOptions{Sizes: c.Sizes, Runs: c.Runs, Concurrency: c.Concurrency, KeyFormats: c.KeyFormats,
 		Duration: c.Duration, WALCompression: c.WALCompression}, e.stdout, e.stderr)
 }
@@ -184,4 +182,15 @@ func scratchDatabase(e *env, flags *dbFlags, conns int32) (*pgxpool.Pool, *bench
 	}
 	fmt.Fprintf(e.stderr, "benchmarking in scratch database %s on %s\n", name, c.where())
 	return pool, counter, done, nil
+}
+
+// checkKeyFormats checks a --key-formats flag: each a child-key format
+// (engine.Config.KeyFormat).
+func checkKeyFormats(formats []int) error {
+	for _, f := range formats {
+		if f < 1 || f > 3 {
+			return fmt.Errorf("--key-formats %d: want 1, 2 or 3", f)
+		}
+	}
+	return nil
 }

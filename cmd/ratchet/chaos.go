@@ -44,10 +44,8 @@ func (c *chaosFailoverCmd) Run(e *env) error {
 	if c.Payments < 1 || c.Concurrency < 1 || c.FailAfter <= 0 || c.StaleAfter < 100*time.Millisecond || c.Timeout <= 0 {
 		return fmt.Errorf("--payments, --concurrency, --fail-after and --timeout must be positive, --stale-after at least 100ms")
 	}
-	for _, f := range c.KeyFormats {
-		if f < 1 || f > 3 {
-			return fmt.Errorf("--key-formats %d: want 1, 2 or 3", f)
-		}
+	if err := checkKeyFormats(c.KeyFormats); err != nil {
+		return err
 	}
 	self, err := os.Executable()
 	if err != nil {
