@@ -272,7 +272,7 @@ type ListParams struct {
 //
 // Each shape is answered from an index that yields runs newest first
 // (migration 0010, which says why ids are compared under the "C"
-// collation here): an idempotency key from the (tenant, key) unique
+// collation here): an idempotency key from the request-digest unique
 // index, a child key from the phases' child-key index, a blocked reason
 // or an unfinished status from the index of unfinished runs, a finished
 // status (and a workflow) from the partial indexes of finished runs; a
@@ -287,7 +287,9 @@ func listRunsSQL(p *ListParams) (string, []any) {
 	var where []string
 	where = append(where, "r.tenant = $1")
 	if p.IdempotencyKey != "" {
-		where = append(where, "r.idempotency_key = "+arg(p.IdempotencyKey))
+		key := arg(p.IdempotencyKey)
+		where = append(where, "ratchet.request_digest(r.tenant, r.idempotency_key) = ratchet.request_digest($1, "+key+")",
+			"r.idempotency_key = "+key)
 	}
 	if run, ok := steps.Key(p.ChildKey).Run(); ok {
 		// A key of format 2 names its run: its journal is read, no index of
@@ -297,8 +299,8 @@ func listRunsSQL(p *ListParams) (string, []any) {
 			"EXISTS (SELECT 1 FROM ratchet.phases ph WHERE ph.run_id = "+runArg+" AND ph.child_key = "+arg(p.ChildKey)+")")
 	} else if digest, ok := steps.Key(p.ChildKey).Digest(); ok {
 		// A key of format 3 names its request: the run is found by the
-		// request's digest, then its journal read.
-		where = append(where, "r.key_digest = "+arg(digest),
+		// request's digest (runs_request_unique), then its journal read.
+		where = append(where, "ratchet.request_digest(r.tenant, r.idempotency_key) = "+arg(digest),
 			"EXISTS (SELECT 1 FROM ratchet.phases ph WHERE ph.run_id = r.id AND ph.child_key = "+arg(p.ChildKey)+")")
 	} else if p.ChildKey != "" {
 		// The index of every key sent holds keys of format 1 only

@@ -288,18 +288,23 @@ func existingOutcome(lr *leasedRun, fp []byte) (*StartResult, error) {
 // claimKeySQL inserts a run unless its key exists. With $9 the run is born
 // leased to the caller ($10, for $11), which is how Start claims it and
 // executes it in the same breath; otherwise it is born pending and unleased.
+//
+// The key's uniqueness is runs_request_unique's, over the request's digest
+// (migration 0013). ON CONFLICT names no index: until the contract
+// migration 0014 drops it, the previous release's (tenant,
+// idempotency_key) constraint is there too, and a conflict on either is
+// the key existing (naming one would make a race on the other an error).
 const claimKeySQL = `
 INSERT INTO ratchet.runs (id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
-	traceparent, status, lease_owner, lease_token, lease_expires_at, attempt, key_format, key_digest)
+	traceparent, status, lease_owner, lease_token, lease_expires_at, attempt, key_format)
 SELECT $1, $2, $3, $4, $5, $6, $7, nullif($8, ''),
 	CASE WHEN $9 THEN 'running' ELSE 'pending' END,
 	CASE WHEN $9 THEN $10 END,
 	CASE WHEN $9 THEN 1 ELSE 0 END,
 	CASE WHEN $9 THEN now() + $11::interval END,
 	CASE WHEN $9 THEN 1 ELSE 0 END,
-	$12::smallint,
-	CASE WHEN $12::smallint = 3 THEN ratchet.request_digest($2, $3) END
-ON CONFLICT (tenant, idempotency_key) DO NOTHING
+	$12::smallint
+ON CONFLICT DO NOTHING
 RETURNING ` + runColumns
 
 func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartParams, input, fp []byte, lease bool) (*Run, bool, error) {
@@ -329,8 +334,13 @@ func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartP
 	return run, ok, nil
 }
 
+// lookupKeySQL finds a run by its request through runs_request_unique:
+// the digest condition is the index's expression, the others make the
+// answer exact.
 const lookupKeySQL = `SELECT ` + runColumns + `, ` + leaseColumns + `
-FROM ratchet.runs WHERE tenant = $1 AND idempotency_key = $2`
+FROM ratchet.runs
+WHERE ratchet.request_digest(tenant, idempotency_key) = ratchet.request_digest($1, $2)
+	AND tenant = $1 AND idempotency_key = $2`
 
 func (c *Client) lookupKey(ctx context.Context, db dbtx, tenant, key string) (*leasedRun, error) {
 	rows, err := db.Query(ctx, lookupKeySQL, tenant, key)

@@ -33,7 +33,17 @@ type Migration struct {
 	Version int    // from the file name's numeric prefix
 	Name    string // file name without directory
 	SQL     string
+	// Contract marks a migration that drops what only earlier releases
+	// use (its first line is contractMarker). This release works with it
+	// applied or not, so Check does not ask for it, and Apply with
+	// KeepCompatible leaves it for after every process runs this release.
+	// Later migrations never depend on one.
+	Contract bool
 }
+
+// contractMarker, as the first line of a migration, makes it a contract
+// migration.
+const contractMarker = "-- ratchet:contract"
 
 // All returns the embedded migrations in version order.
 func All() ([]Migration, error) {
@@ -52,7 +62,9 @@ func All() ([]Migration, error) {
 		if err != nil {
 			return nil, fmt.Errorf("migrations: read %s: %w", e.Name(), err)
 		}
-		all = append(all, Migration{Version: version, Name: e.Name(), SQL: string(body)})
+		first, _, _ := strings.Cut(string(body), "\n")
+		all = append(all, Migration{Version: version, Name: e.Name(), SQL: string(body),
+			Contract: strings.TrimSpace(first) == contractMarker})
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].Version < all[j].Version })
 	for i := 1; i < len(all); i++ {
@@ -71,12 +83,20 @@ var discard = slog.New(slog.DiscardHandler)
 type ApplyOpts struct {
 	// Logger receives one line per applied migration. Defaults to discarding.
 	Logger *slog.Logger
+	// KeepCompatible leaves contract migrations unapplied, so that
+	// processes of the previous release, still running during a rolling
+	// upgrade, find what they use. Apply again without it once none is
+	// left.
+	KeepCompatible bool
 }
 
 // Result reports what Apply changed.
 type Result struct {
 	// Applied lists the Ratchet migrations applied by this call, by file name.
 	Applied []string
+	// Deferred lists the contract migrations left unapplied because of
+	// KeepCompatible, by file name.
+	Deferred []string
 	// RiverVersions lists River's migration versions applied by this call.
 	RiverVersions []int
 }
@@ -115,7 +135,7 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, opts *ApplyOpts) (*Result, e
 	}()
 
 	res := &Result{}
-	if err := applyRatchet(ctx, conn.Conn(), all, logger, res); err != nil {
+	if err := applyRatchet(ctx, conn.Conn(), all, opts.KeepCompatible, logger, res); err != nil {
 		return nil, err
 	}
 
@@ -141,7 +161,7 @@ CREATE TABLE IF NOT EXISTS ratchet.schema_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 )`
 
-func applyRatchet(ctx context.Context, conn *pgx.Conn, all []Migration, logger *slog.Logger, res *Result) error {
+func applyRatchet(ctx context.Context, conn *pgx.Conn, all []Migration, keepCompatible bool, logger *slog.Logger, res *Result) error {
 	if _, err := conn.Exec(ctx, createBookkeepingSQL); err != nil {
 		return fmt.Errorf("migrations: create schema: %w", err)
 	}
@@ -151,6 +171,10 @@ func applyRatchet(ctx context.Context, conn *pgx.Conn, all []Migration, logger *
 	}
 	for _, m := range all {
 		if applied[m.Version] {
+			continue
+		}
+		if m.Contract && keepCompatible {
+			res.Deferred = append(res.Deferred, m.Name)
 			continue
 		}
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -188,7 +212,8 @@ func appliedVersions(ctx context.Context, conn *pgx.Conn) (map[int]bool, error) 
 // ErrPending is returned by Check when migrations remain to be applied.
 var ErrPending = errors.New("migrations: database schema is not current")
 
-// Check reports whether every Ratchet and River migration has been applied.
+// Check reports whether every Ratchet and River migration has been
+// applied, contract migrations aside (this release works without them).
 // It returns ErrPending (wrapped, naming what is missing) when not.
 func Check(ctx context.Context, pool *pgxpool.Pool) error {
 	all, err := All()
@@ -212,7 +237,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	for _, m := range all {
-		if !applied[m.Version] {
+		if !applied[m.Version] && !m.Contract {
 			return fmt.Errorf("%w: %s not applied", ErrPending, m.Name)
 		}
 	}

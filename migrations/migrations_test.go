@@ -121,3 +121,17 @@ func TestRequestDigestInSQLIsTheChildKeysDigest(t *testing.T) {
 		require.Equal(t, steps.RequestDigest(v[0], v[1]), got, "%q", v)
 	}
 }
+
+// Contract migrations are the ones whose first line says so; this
+// release's is 0014, which drops what 0013 replaced.
+func TestContractMigrationsAreMarked(t *testing.T) {
+	all, err := migrations.All()
+	require.NoError(t, err)
+	var contract []string
+	for _, m := range all {
+		if m.Contract {
+			contract = append(contract, m.Name)
+		}
+	}
+	require.Equal(t, []string{"0014_drop_request_key_index.sql"}, contract)
+}

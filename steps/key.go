@@ -106,7 +106,8 @@ const DigestLen = 16
 // RequestDigest identifies a request, its tenant and idempotency key, in
 // 16 bytes: SHA-256("ratchet/request/v3" ‖ 0x00 ‖ field(tenant) ‖
 // field(idempotencyKey))[:16]. Migration 0012 computes the same in SQL
-// (ratchet.request_digest), for each run's key_digest.
+// (ratchet.request_digest), over which runs' idempotency keys are unique
+// (migration 0013): a run is found by the digest a key carries.
 func RequestDigest(tenant, idempotencyKey string) []byte {
 	return sum("ratchet/request/v3", tenant, idempotencyKey)[:DigestLen]
 }

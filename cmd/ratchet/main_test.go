@@ -118,6 +118,23 @@ func TestMigrateIsIdempotent(t *testing.T) {
 	require.Equal(t, "database is up to date\n", out)
 }
 
+// A rolling upgrade migrates twice: before, keeping what the previous
+// release uses, and after, dropping it.
+func TestMigrateKeepCompatibleLeavesContractMigrations(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewURL(t)
+	_, err := testdb.Connect(t, url, nil).Exec(context.Background(), `DROP SCHEMA ratchet CASCADE`)
+	require.NoError(t, err)
+	code, out, errOut := runMain(t, "migrate", "--database-url", url, "--keep-compatible")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "applied 0013_request_index.sql\n")
+	require.NotContains(t, out, "applied 0014")
+	require.Contains(t, out, "left 0014_drop_request_key_index.sql for later")
+	code, out, errOut = runMain(t, "migrate", "--database-url", url)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "applied 0014_drop_request_key_index.sql\n", out)
+}
+
 func TestConnectionErrorsAreOneActionableLine(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -305,7 +322,7 @@ func TestBenchHistoryMeasuresEachSizeAndKeyFormat(t *testing.T) {
 			}
 		}
 	}
-	for _, row := range append(rows, `(?m)^\s+runs_key_digest_idx\s+\d+\s*$`,
+	for _, row := range append(rows, `(?m)^\s+runs_request_unique\s+\d+\s*$`,
 		`(?m)^\s+phases_child_key_idx\s+\d+\s*$`, `(?m)^\s+runs\s+\d+\s*$`) {
 		require.Regexp(t, row, out)
 	}

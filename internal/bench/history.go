@@ -27,15 +27,15 @@ import (
 // digits) and child keys ("rk1_" and 32 characters spread over the
 // alphabet of real ones) are scattered as real ones are, so that a new
 // run's keys land at random places among them (HistoryKey makes a new
-// run's idempotency key alike). Every run carries a request digest, as a
-// run of child-key format 3 does, and its steps' keys are in the index of
-// format-1 keys, as a format-1 run's are: each format's new runs insert
-// into an index as large as the history (so the bytes per run of the
-// history count both indexes, which no one format's history has).
+// run's idempotency key alike). Every run is of child-key format 3, and
+// its steps' keys are in the index of format-1 keys, as a format-1 run's
+// are: each format's new runs insert into an index as large as the
+// history (so the bytes per run of the history count the format-1 index,
+// which a history of format 3 alone does not have).
 var seedHistorySQL = []string{`
 INSERT INTO ratchet.runs (id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
 	status, recovery_point, lease_owner, lease_token, lease_expires_at, attempt, next_attempt_at,
-	output, created_at, updated_at, finished_at, expires_at, waiting_for, key_format, key_digest)
+	output, created_at, updated_at, finished_at, expires_at, waiting_for, key_format)
 SELECT lpad(i::text, 26, '0'),
 	CASE WHEN i % 50 = 0 THEN 'acme' ELSE 'default' END,
 	'order-' || md5(i::text),
@@ -52,7 +52,7 @@ SELECT lpad(i::text, 26, '0'),
 	CASE WHEN s.finished THEN now() END,
 	CASE WHEN s.finished THEN now() + interval '30 days' END,
 	CASE WHEN s.status = 'waiting' THEN jsonb_build_object('kind', 'sleep', 'phase', 'cooled_off', 'seq', 3, 'until', now() + interval '1 hour') END,
-	3, ratchet.request_digest(CASE WHEN i % 50 = 0 THEN 'acme' ELSE 'default' END, 'order-' || md5(i::text))
+	3
 FROM generate_series($1::bigint, $2::bigint) i,
 LATERAL (SELECT st AS status, st IN ('succeeded', 'failed', 'cancelled', 'compensated') AS finished FROM (SELECT CASE
 	WHEN i > $3 - 10000 AND i % 3 = 0 THEN (ARRAY['pending', 'running', 'waiting', 'waiting', 'compensating'])[1 + i / 3 % 5]
