@@ -33,7 +33,7 @@ type chaosFailoverCmd struct {
 	KeyFormats  []int         `name:"key-formats" default:"2,3" help:"Child-key formats the serve process creates runs with (--key-format), each a run of its own for each mode: 2 names the run, 3 the request."`
 	Payments    int           `name:"payments" default:"2000" help:"Payments posted, each with its own Idempotency-Key, retried by its client until it has an answer."`
 	Concurrency int           `name:"concurrency" default:"16" help:"Clients posting at once."`
-	FailAfter   time.Duration `name:"fail-after" default:"2s" help:"How long the load runs before the primary is stopped and the standby promoted."`
+	FailAfter   time.Duration `name:"fail-after" default:"2s" help:"How long the load runs, from its first answered payment, before the primary is stopped and the standby promoted."`
 	Stall       time.Duration `name:"stall" default:"1s" help:"How long, just before the primary dies, it sends the standby no WAL (its WAL sender paused: a slow link); 0: none."`
 	StaleAfter  time.Duration `name:"stale-after" default:"2s" help:"The serve process's lease length: how soon runs broken off by the failover are resumed."`
 	Timeout     time.Duration `name:"timeout" default:"3m" help:"How long every payment has to finish."`
@@ -51,7 +51,7 @@ func (c *chaosFailoverCmd) Run(e *env) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "%d payments from %d clients, each retried with its key until answered; the primary killed (SIGKILL, every process) and the standby promoted after %s,\n"+
+	fmt.Fprintf(e.stdout, "%d payments from %d clients, each retried with its key until answered; the primary killed (SIGKILL, every process) and the standby promoted %s after the first answer,\n"+
 		"the primary's WAL sender paused for the last %s before (a slow link);\n"+
 		"one ratchet serve process (with its worker, --stale-after %s) on the multi-host URL with target_session_attrs=read-write;\n"+
 		"a payment answered before the failover whose run the new primary lacks is sent again by its client afterwards.\n",
@@ -123,6 +123,11 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 		next   atomic.Int64
 		wg     sync.WaitGroup
 		client = &http.Client{Timeout: 30 * time.Second}
+		// answered closes at the first answer: the failover is timed from
+		// the load running, not from the processes starting, which a
+		// loaded machine makes slow.
+		answered  = make(chan struct{})
+		firstOnce sync.Once
 	)
 	deadline := time.Now().Add(c.Timeout)
 	for range c.Concurrency {
@@ -139,6 +144,7 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 						mu.Lock()
 						acks[i] = a
 						mu.Unlock()
+						firstOnce.Do(func() { close(answered) })
 						break
 					}
 					time.Sleep(100 * time.Millisecond)
@@ -147,6 +153,13 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 		}()
 	}
 
+	select {
+	case <-answered:
+	case <-time.After(time.Until(deadline)):
+		return "", fmt.Errorf("no payment answered within --timeout %s", c.Timeout)
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
 	time.Sleep(max(c.FailAfter-c.Stall, 0))
 	if c.Stall > 0 {
 		if err := pair.Stall(ctx); err != nil {
