@@ -59,11 +59,13 @@ func startAtOnce(t *testing.T, c *engine.Client, key string, n int) int {
 		mu      sync.Mutex
 		created int
 		wg      sync.WaitGroup
+		start   = make(chan struct{})
 	)
 	for range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			<-start
 			res, err := c.Start(context.Background(), engine.StartParams{
 				Workflow: "steps3", IdempotencyKey: key, Input: []byte(`{"Key":"` + key + `"}`)})
 			if !assertNoError(t, err) {
@@ -76,6 +78,7 @@ func startAtOnce(t *testing.T, c *engine.Client, key string, n int) int {
 			}
 		}()
 	}
+	close(start)
 	wg.Wait()
 	return created
 }

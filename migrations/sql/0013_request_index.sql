@@ -4,8 +4,9 @@
 -- the request's digest). Its entries are the 16-byte digest, whatever the
 -- key's length: 60% of the (tenant, idempotency_key) index's bytes for
 -- keys of 38 characters, and one random leaf per run where format 3 had
--- two (that index's and runs_key_digest_idx's). Two keys of a tenant that share a digest would
--- be one request; with 128 bits, as for child keys, that does not happen.
+-- two (that index's and runs_key_digest_idx's). Two keys of a tenant that
+-- share a digest would be one request; with 128 bits, as for child keys,
+-- that does not happen.
 --
 -- This migration only adds: processes of the previous release keep their
 -- (tenant, idempotency_key) constraint and key_digest until 0014, a
