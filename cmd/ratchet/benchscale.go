@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -80,7 +79,9 @@ func (c *benchScaleCmd) Run(e *env) error {
 		"runs/s counts the payments that succeeded within it; latency is the HTTP answer's (a 202 leaves the run to a worker);\n"+
 		"each process: ratchet serve with its worker, --max-inline %d, a pool of up to %d connections (cut to its share of the server's free ones);\n"+
 		"connections is the most the database had open at once.\n"+
-		"CPU is the share of one core, over the measurement (\"-\": Postgres is not on this host).\n",
+		"CPU is the share of one core, over the measurement; Postgres's is that of the scratch database's backends, sampled every 200 ms\n"+
+		"(a lower bound: a backend's last moments before it exits are missed; other clients of the server and its shared processes are not counted;\n"+
+		"\"-\": Postgres is not on this host, or its processes are not visible from here).\n",
 		c.Concurrency, c.Duration, c.WarmUp, c.MaxInline, perProcess)
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "processes\tpool each\truns/s\tp50 ms\tp99 ms\tanswered 202\tcommits/run\tWAL bytes/run\tWAL flushes/s\tconnections\tCPU postgres\tCPU serve\tCPU bench\t")
@@ -155,17 +156,21 @@ func (c *benchScaleCmd) measure(e *env, pool *pgxpool.Pool, client *http.Client,
 	if err != nil {
 		return "", err
 	}
-	cpuBefore := cpuOf(procs, local)
-	peak := make(chan int, 1)
+	cpuBefore := cpuOf(procs)
+	backends := newBackendSampler(local, before.at)
+	sampled := make(chan struct{})
 	sampling, stopSampling := context.WithCancel(e.ctx)
-	go func() { peak <- peakConnections(sampling, pool) }()
+	go func() {
+		defer close(sampled)
+		backends.run(sampling, pool, 200*time.Millisecond)
+	}()
 	res, err := bench.Drive(e.ctx, c.Concurrency, 0, c.Duration, post)
 	stopSampling()
-	conns := <-peak
+	<-sampled
 	if err != nil {
 		return "", err
 	}
-	cpu := cpuOf(procs, local).sub(cpuBefore)
+	cpu := cpuOf(procs).sub(cpuBefore)
 	after, err := readServer(e.ctx, pool)
 	if err != nil {
 		return "", err
@@ -183,14 +188,14 @@ func (c *benchScaleCmd) measure(e *env, pool *pgxpool.Pool, client *http.Client,
 		return fmt.Sprintf("%.0f%%", float64(ticks)/100/res.Elapsed.Seconds()*100)
 	}
 	pgCPU := "-"
-	if local {
-		pgCPU = share(cpu.postgres)
+	if ticks, ok := backends.ticks(); ok {
+		pgCPU = share(ticks)
 	}
 	return fmt.Sprintf("%.0f\t%.1f\t%.1f\t%.1f%%\t%.2f\t%.0f\t%.0f\t%d\t%s\t%s\t%s",
 		runs/elapsed, float64(res.P50.Microseconds())/1000, float64(res.P99.Microseconds())/1000,
 		100*float64(deferred.Load())/float64(res.Ops),
 		float64(after.commits-before.commits)/runs, float64(after.wal-before.wal)/runs,
-		float64(after.syncs-before.syncs)/elapsed, conns,
+		float64(after.syncs-before.syncs)/elapsed, backends.most,
 		pgCPU, share(cpu.serve), share(cpu.self)), nil
 }
 
@@ -297,80 +302,25 @@ func readServer(ctx context.Context, pool *pgxpool.Pool) (serverStats, error) {
 	return s, nil
 }
 
-// peakConnections samples the database's connections until ctx ends and
-// returns the most seen.
-func peakConnections(ctx context.Context, pool *pgxpool.Pool) int {
-	most := 0
-	tick := time.NewTicker(500 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()`).Scan(&n); err == nil {
-			most = max(most, n)
-		}
-		select {
-		case <-ctx.Done():
-			return most
-		case <-tick.C:
-		}
-	}
-}
-
 // cpuTicks are CPU times in clock ticks (USER_HZ, 100 a second on Linux).
-type cpuTicks struct{ postgres, serve, self int64 }
+type cpuTicks struct{ serve, self int64 }
 
 func (a cpuTicks) sub(b cpuTicks) cpuTicks {
-	return cpuTicks{a.postgres - b.postgres, a.serve - b.serve, a.self - b.self}
+	return cpuTicks{a.serve - b.serve, a.self - b.self}
 }
 
-// cpuOf reads the CPU time of Postgres's processes (when the server is on
-// this host), of procs and of this process, from /proc.
-func cpuOf(procs []*serveProc, local bool) cpuTicks {
+// cpuOf reads the CPU time of procs and of this process. A process that
+// cannot be read counts nothing, so the difference of two readings may
+// undercount, never go negative: the serve processes outlive the
+// measurement.
+func cpuOf(procs []*serveProc) cpuTicks {
 	var t cpuTicks
-	if local {
-		dirs, _ := filepath.Glob("/proc/[0-9]*")
-		for _, d := range dirs {
-			if comm, err := os.ReadFile(d + "/comm"); err == nil && strings.TrimSpace(string(comm)) == "postgres" {
-				// With the time of reaped children: a backend that exits
-				// during the measurement moves its time to the
-				// postmaster's, rather than out of the sum.
-				t.postgres += procTicks(d, true)
-			}
-		}
-	}
 	for _, p := range procs {
-		t.serve += procTicks("/proc/"+strconv.Itoa(p.cmd.Process.Pid), false)
+		ticks, _ := procTicks("/proc/" + strconv.Itoa(p.cmd.Process.Pid))
+		t.serve += ticks
 	}
-	t.self = procTicks("/proc/self", false)
+	t.self, _ = procTicks("/proc/self")
 	return t
-}
-
-// procTicks is the user and system time of the process at dir, and with
-// children that of its children it has waited for.
-func procTicks(dir string, children bool) int64 {
-	b, err := os.ReadFile(dir + "/stat")
-	if err != nil {
-		return 0
-	}
-	// The fields after the command name, which is in parentheses.
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 15 {
-		return 0
-	}
-	n := 13 // utime, stime
-	if children {
-		n = 15 // and cutime, cstime
-	}
-	var sum int64
-	for _, v := range f[11:n] {
-		ticks, _ := strconv.ParseInt(v, 10, 64)
-		sum += ticks
-	}
-	return sum
 }
 
 // isLocal reports whether host is this machine.
