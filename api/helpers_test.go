@@ -138,7 +138,7 @@ func setup(t testing.TB, cfg *api.Config) *testBundle {
 	}, &engine.WorkflowOpts{ErrorStatuses: map[string]int{"account_closed": http.StatusConflict}})
 	require.NoError(t, err)
 
-	b.engine, err = engine.NewClient(b.pool, &engine.Config{Workflows: workflows, StaleAfter: 2 * time.Second})
+	b.engine, err = engine.NewClient(b.pool, &engine.Config{Workflows: workflows, StaleAfter: 30 * time.Second})
 	require.NoError(t, err)
 	if cfg == nil {
 		cfg = &api.Config{}

@@ -20,6 +20,10 @@ import (
 	"github.com/ratchet-run/ratchet/engine"
 )
 
+// patience bounds each wait for the page: generous, since the browser,
+// the server and Postgres share a machine that may be busy with more.
+const patience = 30 * time.Second
+
 // browser starts a headless Chromium for the test, or skips it, loudly,
 // when the machine has none (.ci/run installs Debian's chromium).
 func browser(t *testing.T) (context.Context, func() []string) {
@@ -43,7 +47,7 @@ func browser(t *testing.T) (context.Context, func() []string) {
 		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()))
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelCtx := chromedp.NewContext(actx)
-	ctx, cancelTimeout := context.WithTimeout(ctx, 60*time.Second)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 3*patience)
 	t.Cleanup(func() { cancelTimeout(); cancelCtx(); cancelAlloc() })
 
 	var mu sync.Mutex
@@ -116,6 +120,18 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 		require.NoError(t, err)
 		return s
 	}
+	// click finds an element and clicks it in one evaluation, as soon as
+	// it is there: a node chromedp.Click has found can be replaced by the
+	// page's next render before the click lands (its node id is then
+	// unknown), and the page re-renders every poll.
+	click := func(sel string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](fmt.Sprintf(
+				`(() => { const el = document.querySelector(%q); if (!el) return false; el.click(); return true })()`, sel)))
+			return err == nil && ok
+		}, patience, 50*time.Millisecond, "click %s", sel)
+	}
 	// Without a token the API refuses, and the page says what to do.
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(b.server.URL+"/ui/"),
@@ -123,15 +139,13 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	require.Contains(t, text(`#error`), "bearer token")
 
 	// Another tenant's token sees none of these runs.
-	require.NoError(t, chromedp.Do(ctx,
-		chromedp.SetValue(chromedp.CSS(`#token`), "other"),
-		chromedp.Click(chromedp.CSS(`#token-form button`)),
-		chromedp.WaitVisible(chromedp.CSS(`#empty`))))
+	require.NoError(t, chromedp.Do(ctx, chromedp.SetValue(chromedp.CSS(`#token`), "other")))
+	click(`#token-form button`)
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`#empty`))))
 
-	require.NoError(t, chromedp.Do(ctx,
-		chromedp.SetValue(chromedp.CSS(`#token`), "tok"),
-		chromedp.Click(chromedp.CSS(`#token-form button`)),
-		chromedp.WaitVisible(chromedp.CSS(`tr.run-row`))))
+	require.NoError(t, chromedp.Do(ctx, chromedp.SetValue(chromedp.CSS(`#token`), "tok")))
+	click(`#token-form button`)
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`tr.run-row`))))
 	require.Equal(t, all, rows(`tr.run-row`))
 	require.Equal(t, 1, rows(`tr.run-row[data-id="`+runningID+`"][data-status="running"][data-blocked="executing"]`))
 	require.Equal(t, 1, rows(`tr.run-row[data-status="compensated"]`))
@@ -148,40 +162,36 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	require.ElementsMatch(t, want, options)
 
 	// Filters: waiting runs, then those blocked by a timer.
-	require.NoError(t, chromedp.Do(ctx,
-		chromedp.SetValue(chromedp.CSS(`#filter-status`), "waiting"),
-		chromedp.Click(chromedp.CSS(`#apply`)),
-		chromedp.WaitNotPresent(chromedp.CSS(`tr.run-row[data-status="succeeded"]`))))
-	require.Eventually(t, func() bool { return rows(`tr.run-row`) == 3 }, 10*time.Second, 50*time.Millisecond)
+	require.NoError(t, chromedp.Do(ctx, chromedp.SetValue(chromedp.CSS(`#filter-status`), "waiting")))
+	click(`#apply`)
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitNotPresent(chromedp.CSS(`tr.run-row[data-status="succeeded"]`))))
+	require.Eventually(t, func() bool { return rows(`tr.run-row`) == 3 }, patience, 50*time.Millisecond)
 	require.Equal(t, 3, rows(`tr.run-row[data-status="waiting"]`))
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.SetValue(chromedp.CSS(`#filter-status`), ""),
-		chromedp.SetValue(chromedp.CSS(`#filter-blocked`), "timer"),
-		chromedp.Click(chromedp.CSS(`#apply`))))
-	require.Eventually(t, func() bool { return rows(`tr.run-row`) == 1 && rows(`tr.run-row[data-id="`+napID+`"]`) == 1 }, 10*time.Second, 50*time.Millisecond)
+		chromedp.SetValue(chromedp.CSS(`#filter-blocked`), "timer")))
+	click(`#apply`)
+	require.Eventually(t, func() bool { return rows(`tr.run-row`) == 1 && rows(`tr.run-row[data-id="`+napID+`"]`) == 1 }, patience, 50*time.Millisecond)
 
 	// A run's page: what it waits for, its timeline, its input.
-	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Click(chromedp.CSS(`tr.run-row[data-id="`+napID+`"] a`)),
-		chromedp.WaitVisible(chromedp.CSS(`#timeline`))))
+	click(`tr.run-row[data-id="` + napID + `"] a`)
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`#timeline`))))
 	require.Equal(t, "timer", attr(t, ctx, `#why`, "data-reason"))
 	require.Contains(t, text(`#input`), "parcel-7")
 	require.Equal(t, 1, rows(`.phase-row[data-kind="wait"]`), "the wait is on the timeline")
 	require.Equal(t, 1, rows(`.phase-row[data-kind="wait"] .tl-bar.wait`))
 
 	// Cancel it with the button (a second click confirms).
-	require.NoError(t, chromedp.Do(ctx,
-		chromedp.Click(chromedp.CSS(`#cancel`)),
-		chromedp.WaitVisible(chromedp.CSS(`#cancel[data-armed="1"]`)),
-		chromedp.Click(chromedp.CSS(`#cancel`)),
-		chromedp.WaitVisible(chromedp.CSS(`#why.none`))))
+	click(`#cancel`)
+	click(`#cancel[data-armed="1"]`)
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`#why.none`))))
 	require.Equal(t, "Cancelled.", text(`#action-result`))
 	run, err := b.engine.GetRun(context.Background(), napID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusCancelled, run.Status)
 
 	// Filters by workflow, by idempotency key and by a step's child key.
-	filter := func(field, value string) {
+	filter := func(field, want string) {
 		t.Helper()
 		_, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.hash = "#/"`))
 		require.NoError(t, err)
@@ -190,23 +200,22 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 			blank, err := chromedp.Run(ctx, chromedp.Evaluate[bool](
 				`[...document.querySelectorAll("#filters input, #filters select")].every((el) => el.value === "")`))
 			return err == nil && blank && rows(`tr.run-row`) == all
-		}, 10*time.Second, 50*time.Millisecond)
-		require.NoError(t, chromedp.Do(ctx,
-			chromedp.SetValue(chromedp.CSS(`#filter-`+field), value),
-			chromedp.Click(chromedp.CSS(`#apply`))))
+		}, patience, 50*time.Millisecond)
+		require.NoError(t, chromedp.Do(ctx, chromedp.SetValue(chromedp.CSS(`#filter-`+field), want)))
+		click(`#apply`)
 	}
 	only := func(id string) func() bool {
 		return func() bool { return rows(`tr.run-row`) == 1 && rows(`tr.run-row[data-id="`+id+`"]`) == 1 }
 	}
 	filter("workflow", "charge")
-	require.Eventually(t, only(chargeID), 10*time.Second, 50*time.Millisecond)
+	require.Eventually(t, only(chargeID), patience, 50*time.Millisecond)
 	filter("idempotency_key", "p1")
-	require.Eventually(t, only(declinedID), 10*time.Second, 50*time.Millisecond)
+	require.Eventually(t, only(declinedID), patience, 50*time.Millisecond)
 	phases, err := b.engine.Phases(context.Background(), chargeID)
 	require.NoError(t, err)
 	require.Len(t, phases, 1)
 	filter("child_key", *phases[0].ChildKey)
-	require.Eventually(t, only(chargeID), 10*time.Second, 50*time.Millisecond)
+	require.Eventually(t, only(chargeID), patience, 50*time.Millisecond)
 
 	open := func(id string) {
 		t.Helper()
@@ -215,7 +224,7 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 		require.Eventually(t, func() bool {
 			shown, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.getElementById("run-id") || {}).textContent || ""`))
 			return err == nil && shown == id
-		}, 10*time.Second, 50*time.Millisecond)
+		}, patience, 50*time.Millisecond)
 	}
 
 	// A step's page shows its child key on the timeline.
@@ -235,10 +244,20 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	require.Equal(t, "signal", attr(t, ctx, `#why`, "data-reason"))
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.SetValue(chromedp.CSS(`#signal-event`), "evt_ui_1"),
-		chromedp.SetValue(chromedp.CSS(`#signal-payload`), `"yes"`),
-		chromedp.Click(chromedp.CSS(`#signal`))))
-	require.Eventually(t, func() bool { return text(`#action-result`) == "Signal delivered." }, 10*time.Second, 50*time.Millisecond)
-	require.Eventually(t, func() bool { return attr(t, ctx, `#why`, "data-reason") == "due" }, 10*time.Second, 50*time.Millisecond)
+		chromedp.SetValue(chromedp.CSS(`#signal-payload`), `"yes"`)))
+	// The page's next poll re-renders the run and keeps what was typed.
+	_, err = chromedp.Run(ctx, chromedp.Evaluate[bool](`(window.beforePoll = document.getElementById("why")) !== null`))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		rendered, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.getElementById("why") !== window.beforePoll`))
+		return err == nil && rendered
+	}, patience, 50*time.Millisecond, "the run page re-renders as it polls")
+	require.Equal(t, "evt_ui_1", value(t, ctx, `#signal-event`), "a re-render keeps what was typed")
+	require.Equal(t, `"yes"`, value(t, ctx, `#signal-payload`))
+	click(`#signal`)
+	require.Eventually(t, func() bool { return text(`#action-result`) == "Signal delivered." }, patience, 50*time.Millisecond)
+	require.Empty(t, value(t, ctx, `#signal-event`), "a sent signal's event id is not offered again")
+	require.Eventually(t, func() bool { return attr(t, ctx, `#why`, "data-reason") == "due" }, patience, 50*time.Millisecond)
 	run, err = b.engine.TakeOver(context.Background(), approvalID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, run.Status)
@@ -252,13 +271,13 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	// still declined, so it fails again, in a second execution).
 	open(declinedID)
 	require.Contains(t, text(`#run-error`), "card_declined")
-	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#resume`))))
-	require.Eventually(t, func() bool { return text(`#action-result`) == "Resumed." }, 10*time.Second, 50*time.Millisecond)
+	click(`#resume`)
+	require.Eventually(t, func() bool { return text(`#action-result`) == "Resumed." }, patience, 50*time.Millisecond)
 	require.Eventually(t, func() bool {
 		run, err := b.engine.GetRun(context.Background(), declinedID)
 		require.NoError(t, err)
 		return run.Attempt == 2 && run.Status == engine.StatusFailed
-	}, 10*time.Second, 20*time.Millisecond)
+	}, patience, 20*time.Millisecond)
 
 	require.Empty(t, consoleProblems(), "no console errors or exceptions")
 }
@@ -276,6 +295,13 @@ func TestThePageIsServedWithoutATokenAndItsDataIsNot(t *testing.T) {
 func attr(t *testing.T, ctx context.Context, sel, name string) string {
 	t.Helper()
 	v, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`(document.querySelector(%q) || {getAttribute: () => ""}).getAttribute(%q) || ""`, sel, name)))
+	require.NoError(t, err)
+	return v
+}
+
+func value(t *testing.T, ctx context.Context, sel string) string {
+	t.Helper()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[string](fmt.Sprintf(`(document.querySelector(%q) || {}).value || ""`, sel)))
 	require.NoError(t, err)
 	return v
 }

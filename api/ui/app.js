@@ -145,7 +145,9 @@ async function renderRun(id) {
   const load = async () => {
     try {
       const run = await api("GET", "/v1/runs/" + encodeURIComponent(id));
+      const restore = keepDraft();
       holder.replaceChildren(...runView(run, load));
+      restore();
       if (run.finished_at) stopPolling();
     } catch (err) {
       holder.replaceChildren(showError(err));
@@ -154,6 +156,27 @@ async function renderRun(id) {
   };
   await load();
   poll = setInterval(load, 3000);
+}
+
+// keepDraft remembers what is typed into the run page's signal form, and
+// where the caret is, and returns what puts it back: the page re-renders
+// on every poll, which would otherwise wipe a signal half typed.
+function keepDraft() {
+  const ids = ["signal-name", "signal-event", "signal-payload"];
+  const values = ids.map((id) => [id, document.getElementById(id)]).filter(([, el]) => el).map(([id, el]) => [id, el.value]);
+  const active = document.activeElement;
+  const caret = active && ids.includes(active.id) ? {id: active.id, start: active.selectionStart, end: active.selectionEnd} : null;
+  return () => {
+    for (const [id, value] of values) {
+      const el = document.getElementById(id);
+      if (el) el.value = value;
+    }
+    const el = caret && document.getElementById(caret.id);
+    if (el) {
+      el.focus();
+      el.setSelectionRange(caret.start, caret.end);
+    }
+  };
 }
 
 function runView(run, reload) {
@@ -232,6 +255,7 @@ function actions(run, reload) {
       if (!name.value || !event.value) throw new Error("a signal needs a name and an event id");
       const r = await api("POST", "/v1/runs/" + run.id + "/signals/" + encodeURIComponent(name.value),
         {body: payload.value, headers: {"Idempotency-Key": event.value}});
+      event.value = ""; // sent: the next signal needs an event id of its own
       return r.delivered ? "Signal delivered." : "Signal kept until the run awaits it.";
     })}, "Send signal"));
   }
