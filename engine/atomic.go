@@ -68,6 +68,10 @@ func phase[T any](ctx context.Context, name string, kind PhaseKind, run func(ctx
 	if err != nil {
 		return zero, err
 	}
+	if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseLost) {
+		// No phase begins on a lease that may be another executor's.
+		return zero, cause
+	}
 	memo, seq, err := ex.enter(name)
 	if err != nil {
 		return zero, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -49,6 +50,7 @@ func (c *Client) ClaimDue(ctx context.Context, limit int) ([]*Run, error) {
 	if draining {
 		return nil, ErrShutdown
 	}
+	sent := time.Now()
 	rows, err := c.pool.Query(ctx, claimDueSQL, limit, c.cfg.ID, c.cfg.StaleAfter, c.workflows.Served())
 	if err != nil {
 		return nil, fmt.Errorf("engine: claim due runs: %w", notMigrated(err))
@@ -58,6 +60,7 @@ func (c *Client) ClaimDue(ctx context.Context, limit int) ([]*Run, error) {
 		return nil, fmt.Errorf("engine: claim due runs: %w", err)
 	}
 	for _, run := range runs {
+		run.claimSent = sent
 		c.countTakeover(ctx, run)
 	}
 	return runs, nil

@@ -359,34 +359,52 @@ WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL`
 // stop function is called (which waits for the goroutine to exit). A
 // heartbeat that finds the token changed cancels the execution.
 //
-// Each heartbeat may take at most one interval. When none has succeeded
-// for StaleAfter less one interval (measured from when the last good one
-// was sent, or from the start of the execution, which is after its claim
-// was sent), the lease may be about to expire by the executor's own clock,
-// whatever the database's says: the execution stops, as one superseded
-// does, rather than call downstream while another executor may too.
+// The lease is good until at least StaleAfter after the claim or the last
+// good heartbeat was sent, by this process's clock (the database counts
+// from its now(), which is later). The execution stops one interval before
+// that bound, whatever the database's clock says, as one superseded does,
+// rather than call downstream while another executor may too: a timer
+// marks the moment, and no heartbeat statement is left to run past it. A
+// claim already that old (one that waited long between ClaimDue and
+// Continue, or behind a slow journal read) stops the execution before its
+// first phase.
 func (c *Client) heartbeat(ctx context.Context, ex *execution) (stop func()) {
+	margin := c.cfg.StaleAfter - c.cfg.HeartbeatInterval
+	confirmed := ex.run.claimSent
+	expire := func() {
+		unconfirmed := time.Since(confirmed)
+		c.logger.WarnContext(ctx, "no claim or heartbeat confirmed the lease for most of it: stopping before it may expire",
+			slog.String("run_id", ex.run.ID), slog.Duration("unconfirmed", unconfirmed))
+		ex.lose(fmt.Errorf("%w: nothing confirmed the lease for %s", ErrLeaseLost, unconfirmed.Round(time.Millisecond)))
+	}
+	if time.Since(confirmed) >= margin {
+		expire()
+		return func() {}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		ticker := time.NewTicker(c.cfg.HeartbeatInterval)
 		defer ticker.Stop()
-		confirmed := time.Now() // the lease is good until at least confirmed + StaleAfter
+		deadline := time.NewTimer(time.Until(confirmed.Add(margin)))
+		defer deadline.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
+			case <-deadline.C:
+				expire()
+				return
 			case <-ticker.C:
 			}
-			if unconfirmed := time.Since(confirmed); unconfirmed >= c.cfg.StaleAfter-c.cfg.HeartbeatInterval {
-				c.logger.WarnContext(ctx, "no heartbeat succeeded for most of the lease: stopping before it may expire",
-					slog.String("run_id", ex.run.ID), slog.Duration("unconfirmed", unconfirmed))
-				ex.lose(fmt.Errorf("%w: no heartbeat confirmed the lease for %s", ErrLeaseLost, unconfirmed.Round(time.Millisecond)))
+			sent := time.Now()
+			limit := confirmed.Add(margin)
+			if !sent.Before(limit) {
+				expire()
 				return
 			}
-			sent := time.Now()
-			hctx, hcancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval)
+			hctx, hcancel := context.WithTimeout(ctx, min(c.cfg.HeartbeatInterval, limit.Sub(sent)))
 			tag, err := c.pool.Exec(hctx, heartbeatSQL, ex.run.ID, ex.run.LeaseToken, c.cfg.StaleAfter)
 			hcancel()
 			switch {
@@ -400,6 +418,7 @@ func (c *Client) heartbeat(ctx context.Context, ex *execution) (stop func()) {
 				return
 			default:
 				confirmed = sent
+				deadline.Reset(time.Until(confirmed.Add(margin)))
 			}
 		}
 	}()

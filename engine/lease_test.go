@@ -61,19 +61,19 @@ func TestAnExecutionWhoseHeartbeatsFailStopsBeforeItsLeaseMayExpire(t *testing.T
 	workflows := engine.NewWorkflows()
 	inCall := make(chan struct{}, 1)
 	calls := 0
+	var cut time.Time
 	_, err := engine.Register(workflows, "cut-off", func(ctx context.Context, _ struct{}) (string, error) {
 		return engine.Step(ctx, "called", func(ctx context.Context, _ steps.Key) (string, error) {
 			calls++
 			inCall <- struct{}{}
 			<-ctx.Done() // a slow downstream
+			cut = time.Now()
 			return "", ctx.Err()
 		}, &engine.StepOpts[string]{Policy: &steps.Policy{MaxAttempts: 1}})
 	}, nil)
 	require.NoError(t, err)
-	const staleAfter = 900 * time.Millisecond
-	c := b.client(t, workflows, &engine.Config{StaleAfter: staleAfter})
+	c := b.client(t, workflows, &engine.Config{StaleAfter: 3 * time.Second})
 	done := make(chan error, 1)
-	began := time.Now()
 	go func() {
 		_, err := c.Start(ctx, engine.StartParams{Workflow: "cut-off", IdempotencyKey: "k", Input: []byte(`{}`)})
 		done <- err
@@ -89,10 +89,53 @@ func TestAnExecutionWhoseHeartbeatsFailStopsBeforeItsLeaseMayExpire(t *testing.T
 	require.NoError(t, err)
 
 	err = receive(t, done)
-	stopped := time.Since(began)
 	require.ErrorIs(t, err, engine.ErrLeaseLost)
-	require.Less(t, stopped, staleAfter, "stopped while the lease was surely still its own")
 	require.Equal(t, 1, calls)
+	// The call was cut while the lease, as the database counts it (from
+	// the last statement that extended it), was still its own.
+	var expires time.Time
+	require.NoError(t, tx.QueryRow(ctx, `SELECT lease_expires_at FROM ratchet.runs`).Scan(&expires))
+	require.True(t, cut.Before(expires), "cut at %s, the lease expired at %s", cut, expires)
+}
+
+// TestAClaimContinuedTooLateRunsNothing continues a run ClaimDue claimed
+// once its lease has expired by the database's clock (nobody took it
+// over, so its token is still the claim's): the execution must not count
+// its lease from when it began, and calls nothing.
+func TestAClaimContinuedTooLateRunsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	workflows := engine.NewWorkflows()
+	calls := 0
+	_, err := engine.Register(workflows, "late", func(ctx context.Context, _ struct{}) (string, error) {
+		return engine.Step(ctx, "called", func(ctx context.Context, _ steps.Key) (string, error) {
+			calls++
+			return "ok", nil
+		}, nil)
+	}, nil)
+	require.NoError(t, err)
+	c := b.client(t, workflows, &engine.Config{StaleAfter: time.Second})
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = c.StartTx(ctx, tx, engine.StartParams{Workflow: "late", IdempotencyKey: "k", Input: []byte(`{}`)})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	claimed, err := c.ClaimDue(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	require.Eventually(t, func() bool {
+		var expired bool
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT lease_expires_at < now() FROM ratchet.runs`).Scan(&expired))
+		return expired
+	}, time.Minute, 20*time.Millisecond)
+
+	_, err = c.Continue(ctx, claimed[0])
+	require.ErrorIs(t, err, engine.ErrLeaseLost)
+	require.Zero(t, calls, "nothing called on a lease that may be another's")
+	run, err := c.GetRun(ctx, claimed[0].ID)
+	require.NoError(t, err)
+	require.False(t, run.Status.Finished(), "left for the next executor")
 }
 
 func TestACancelThatCommitsWhileAPhaseCommitWaitsStopsTheRunAsCancelled(t *testing.T) {

@@ -95,6 +95,13 @@ type Run struct {
 	// it. Set by GetRun's siblings that read it (Why, ListRuns); nil
 	// elsewhere and for a finished run.
 	Blocked *Blocked `db:"-"`
+
+	// claimSent is when, by this process's clock, the statement that
+	// claimed the run for this client was sent (zero for a run read
+	// otherwise): a time before the database's now() that the lease's
+	// expiry counts from, so the executor's own bound on its lease (see
+	// heartbeat) is never later than the database's.
+	claimSent time.Time
 }
 
 // Wait describes what a run is parked for.

@@ -315,6 +315,7 @@ func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartP
 		ok  bool
 		err error
 	)
+	sent := time.Now() // no later than the statement's (coalesced) sending
 	if db == dbtx(c.pool) {
 		// Outside the caller's transaction the claim commits by itself:
 		// coalesced with other executions' commits.
@@ -330,6 +331,9 @@ func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartP
 	}
 	if err != nil {
 		return nil, false, fmt.Errorf("engine: claim key: %w", err)
+	}
+	if ok && lease {
+		run.claimSent = sent
 	}
 	return run, ok, nil
 }
@@ -398,11 +402,13 @@ func (c *Client) TakeOver(ctx context.Context, runID string) (*Run, error) {
 	defer done()
 	var run *Run
 	for attempt := 0; run == nil; attempt++ {
+		sent := time.Now()
 		claimed, ok, err := queryRun(ctx, c.pool, takeOverSQL, runID, c.cfg.ID, c.cfg.StaleAfter, c.workflows.Served())
 		if err != nil {
 			return nil, fmt.Errorf("engine: take over run: %w", err)
 		}
 		if ok {
+			claimed.claimSent = sent
 			run = claimed
 			break
 		}
