@@ -67,8 +67,14 @@ func TestMisconfigurationsSayWhatToDo(t *testing.T) {
 	ctx := context.Background()
 	workflows := engine.NewWorkflows()
 	_, err := engine.Register(workflows, "idle", func(ctx context.Context, _ struct{}) (int, error) {
-		return engine.Atomic(ctx, "slow", func(context.Context, pgx.Tx) (int, error) {
-			time.Sleep(2 * time.Second)
+		return engine.Atomic(ctx, "slow", func(ctx context.Context, tx pgx.Tx) (int, error) {
+			// Idle in the transaction until Postgres ends its session.
+			pid := tx.Conn().PgConn().PID()
+			require.Eventually(t, func() bool {
+				var alive bool
+				require.NoError(t, b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive))
+				return !alive
+			}, time.Minute, 20*time.Millisecond, "idle_in_transaction_session_timeout ends the session")
 			return 1, nil
 		}, nil)
 	}, nil)
@@ -81,15 +87,16 @@ func TestMisconfigurationsSayWhatToDo(t *testing.T) {
 	}, nil)
 	require.NoError(t, err)
 	// A lease long enough that a loaded machine's late heartbeat does not
-	// lose it (300 ms did, under the whole suite).
-	c := b.client(t, workflows, &engine.Config{StaleAfter: time.Second, Retry: constantRetry(time.Hour)})
+	// lose it (300 ms did, under the whole suite): it is also how long the
+	// idle phase waits for Postgres to end its session.
+	c := b.client(t, workflows, &engine.Config{StaleAfter: 3 * time.Second, Retry: constantRetry(time.Hour)})
 
 	res, err := c.Start(ctx, engine.StartParams{Workflow: "idle", IdempotencyKey: "a", Input: []byte(`{}`)})
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusPending, res.Run.Status)
 	require.Equal(t, engine.CodePhaseIdleTimeout, res.Run.Error.Code, "%+v", res.Run.Error)
 	require.Contains(t, res.Run.Error.Message, "do slow work")
-	require.Contains(t, res.Run.Error.Message, "1s")
+	require.Contains(t, res.Run.Error.Message, "3s")
 
 	res, err = c.Start(ctx, engine.StartParams{Workflow: "unmigrated", IdempotencyKey: "b", Input: []byte(`{}`)})
 	require.NoError(t, err)

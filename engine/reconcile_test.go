@@ -92,7 +92,10 @@ func TestAResumePastTheKeyWindowReconcilesOrParksButNeverRepeatsBlindly(t *testi
 			require.Equal(t, string(steps.ChildKey("default", run.ID, "charge_created")), w.ChildKey)
 			require.Equal(t, window, w.KeyWindow)
 			require.NotNil(t, w.FirstAttempt)
-			require.WithinDuration(t, run.CreatedAt, *w.FirstAttempt, time.Second, "the earliest it could have been sent: the run's creation")
+			// The earliest it could have been sent: no earlier than the
+			// run's creation, and before it parked.
+			require.False(t, w.FirstAttempt.Before(run.CreatedAt), "first attempt %s, created %s", *w.FirstAttempt, run.CreatedAt)
+			require.True(t, w.FirstAttempt.Before(run.UpdatedAt), "first attempt %s, parked %s", *w.FirstAttempt, run.UpdatedAt)
 			require.NotEmpty(t, w.Reason)
 			require.Nil(t, run.DueAt, "nothing wakes it but an operator")
 			require.Equal(t, 1, b.gateway.Stats().Charges, "zero new charges")

@@ -71,7 +71,9 @@ func TestResumeContinuesAbandonedRunAfterLeaseExpires(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.createCaptures(t)
-	const staleAfter = 500 * time.Millisecond
+	// Long enough that the abandoned lease is surely still live when the
+	// first TakeOver asks, on a loaded machine too.
+	const staleAfter = 3 * time.Second
 	flowA := registerGated(t, "A")
 	a := b.client(t, flowA.workflows, &engine.Config{StaleAfter: staleAfter})
 	flowB := registerGated(t, "B")
@@ -209,7 +211,9 @@ func TestHeartbeatThatFindsTokenChangedCancelsExecutor(t *testing.T) {
 		}, nil)
 	}, nil)
 	require.NoError(t, err)
-	a := b.client(t, workflows, &engine.Config{StaleAfter: time.Second, HeartbeatInterval: 20 * time.Millisecond})
+	// Heartbeats often, on a lease so long that only a heartbeat finding
+	// the token changed can end the execution within the test.
+	a := b.client(t, workflows, &engine.Config{StaleAfter: time.Minute, HeartbeatInterval: 20 * time.Millisecond})
 
 	done := make(chan error, 1)
 	go func() {
