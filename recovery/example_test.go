@@ -36,7 +36,7 @@ func ExampleRecoverer() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	client, err := engine.NewClient(db.Pool, &engine.Config{Workflows: workflows, StaleAfter: 300 * time.Millisecond, Hooks: ends(finished)})
+	client, err := engine.NewClient(db.Pool, &engine.Config{Workflows: workflows, StaleAfter: 2 * time.Second, Hooks: ends(finished)})
 	if err != nil {
 		log.Fatal(err)
 	}

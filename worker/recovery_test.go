@@ -85,7 +85,7 @@ type trial struct {
 // run inline, as an API process does, and are killed. In even rounds the
 // leader is killed and another worker paused; in odd rounds the leader is
 // paused and another killed.
-func TestKilledAndPausedWorkersRunsFinishWithinStaleAfterPlusASecond(t *testing.T) {
+func TestKilledAndPausedWorkersRunsFinishSoonAfterStaleAfter(t *testing.T) {
 	// Not parallel: it measures latencies, and the package's parallel
 	// tests (which start processes of their own) wait until the
 	// sequential ones are done.
@@ -108,7 +108,10 @@ func TestKilledAndPausedWorkersRunsFinishWithinStaleAfterPlusASecond(t *testing.
 			kind, len(ds), percentile(ds, 0.5).Round(time.Millisecond), percentile(ds, 0.99).Round(time.Millisecond), percentile(ds, 1).Round(time.Millisecond))
 	}
 	require.GreaterOrEqual(t, len(all), 20)
-	require.LessOrEqual(t, percentile(all, 0.99), staleAfter+time.Second, "p99 over %d trials", len(all))
+	// The lease, then one poll (≤ 550 ms) and the rest of the run's work:
+	// well under a second on a quiet machine (the figures above), 3 s
+	// leaves room for one several times slower.
+	require.LessOrEqual(t, percentile(all, 0.99), staleAfter+3*time.Second, "p99 over %d trials", len(all))
 }
 
 // recoveryRound runs one round and returns its recovery latencies by kind
@@ -224,7 +227,7 @@ func recoveryRound(t *testing.T, round int, staleAfter time.Duration) map[string
 
 // A worker stopping gracefully while it executes a run it found due hands
 // the run over when its grace ends, and another process finishes it at once.
-func TestSIGTERMHandsADiscoveredRunOverWithinASecond(t *testing.T) {
+func TestSIGTERMHandsADiscoveredRunOverWellBeforeStaleAfter(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const staleAfter = 20 * time.Second
@@ -253,7 +256,9 @@ func TestSIGTERMHandsADiscoveredRunOverWithinASecond(t *testing.T) {
 	leaving.AwaitLog("handed run over")
 
 	took := finished(t)["t1"].Sub(termAt)
-	require.Less(t, took, time.Second, "continued at once, not after stale_after (%s)", staleAfter)
+	// At once: a poll after the hand-over (well under a second, the log
+	// says), not after stale_after; half of it is room for a slow machine.
+	require.Less(t, took, staleAfter/2, "continued at once, not after stale_after (%s)", staleAfter)
 	b.requireExactlyOnce(t, "t1")
 	t.Logf("SIGTERM to finished run on another process: %s (grace 200ms)", took.Round(time.Millisecond))
 }
@@ -276,6 +281,6 @@ func TestSIGTERMHandsAnInlineRunOverWellBeforeStaleAfter(t *testing.T) {
 	done, _ := leaving.Printed("DONE t1")
 	require.Contains(t, done, "shutting down", "its execution was handed over")
 
-	require.Less(t, finished(t)["t1"].Sub(termAt), time.Second, "continued at once, not after stale_after (%s)", staleAfter)
+	require.Less(t, finished(t)["t1"].Sub(termAt), staleAfter/2, "continued at once, not after stale_after (%s)", staleAfter)
 	b.requireExactlyOnce(t, "t1")
 }

@@ -64,12 +64,13 @@ func TestSleepingRunsHoldNothingAndWakeOnTime(t *testing.T) {
 	}
 	baseline := runtime.NumGoroutine()
 
-	// Wake times 6s after each park, spread over a second per 200 runs, so
-	// that every run is parked before the first wakes.
+	// Wake times 10 s after each start, spread over a second per 200 runs,
+	// so that every run is parked before the first wakes, on a loaded
+	// machine too (200 park in about a second when it is quiet).
 	spread := time.Duration(n) * 5 * time.Millisecond
 	began := time.Now()
 	_, err = bench.Drive(ctx, 8, n, 0, func(ctx context.Context, i int) error {
-		d := 6*time.Second + spread*time.Duration(i)/time.Duration(n)
+		d := 10*time.Second + spread*time.Duration(i)/time.Duration(n)
 		res, err := w.Engine().Start(ctx, engine.StartParams{Workflow: "sleeper", IdempotencyKey: strconv.Itoa(i), Input: []byte(strconv.FormatInt(int64(d), 10))})
 		if err == nil && res.Run.Status != engine.StatusWaiting {
 			t.Errorf("run %d is %s, not waiting", i, res.Run.Status)
@@ -78,7 +79,7 @@ func TestSleepingRunsHoldNothingAndWakeOnTime(t *testing.T) {
 	})
 	require.NoError(t, err)
 	parked := time.Since(began)
-	require.Less(t, parked, 6*time.Second, "every run parked before the first wakes (else the measure below is not of sleeping runs)")
+	require.Less(t, parked, 10*time.Second, "every run parked before the first wakes (else the measure below is not of sleeping runs)")
 
 	// All sleep: what does the process hold?
 	var waiting int
@@ -92,7 +93,7 @@ func TestSleepingRunsHoldNothingAndWakeOnTime(t *testing.T) {
 	// count).
 	bound := baseline + max(5, n/10)
 	goroutines := runtime.NumGoroutine()
-	for settle := began.Add(5500 * time.Millisecond); goroutines > bound && time.Now().Before(settle); goroutines = runtime.NumGoroutine() {
+	for settle := began.Add(9500 * time.Millisecond); goroutines > bound && time.Now().Before(settle); goroutines = runtime.NumGoroutine() {
 		time.Sleep(20 * time.Millisecond)
 	}
 	held := b.pool.Stat().AcquiredConns()
@@ -133,7 +134,9 @@ func TestSleepingRunsHoldNothingAndWakeOnTime(t *testing.T) {
 	}
 	p := func(q float64) time.Duration { return late[int(q*float64(len(late)-1))] }
 	t.Logf("woken late by p50 %s, p99 %s, max %s", p(0.5).Round(time.Millisecond), p(0.99).Round(time.Millisecond), late[len(late)-1].Round(time.Millisecond))
-	require.Less(t, p(0.99), 5*time.Second, "a sanity bound; the figure is the log above")
+	// A sanity bound (30 polls), not a verdict on the machine's speed:
+	// the figure is the log above.
+	require.Less(t, p(0.99), 15*time.Second, "a sanity bound; the figure is the log above")
 }
 
 // Processes killed while runs sleep, and as a woken run executes: the

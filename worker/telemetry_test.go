@@ -28,8 +28,10 @@ func TestResumedRunInAnotherProcessLinksToTheRequestTrace(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	workflows := engine.NewWorkflows()
 	require.NoError(t, addOrderFlow(workflows, b.gwURL, &pauser{}))
+	// The victim's 1 s lease is what the worker waits out; the worker's
+	// own is long, so that one execution of it finishes the run.
 	startWorker(t, b, workflows, &worker.Config{Engine: engine.Config{
-		StaleAfter: time.Second, TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
+		StaleAfter: 30 * time.Second, TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
 	}})
 	b.awaitFinished(t, 30*time.Second, "traced")
 

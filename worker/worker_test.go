@@ -61,7 +61,9 @@ func TestRetryableFailureIsRetriedAtNextAttempt(t *testing.T) {
 	require.Equal(t, engine.StatusSucceeded, run.Status)
 	require.Equal(t, 2, executions)
 	require.False(t, run.FinishedAt.Before(nextAttempt), "retried no earlier than next_attempt_at")
-	require.Less(t, run.FinishedAt.Sub(nextAttempt), 2*time.Second, "and promptly after it")
+	// Promptly after it: at a poll (every 500 ms), not after the 30 s a
+	// lease would take to expire; 10 s leaves a loaded machine room.
+	require.Less(t, run.FinishedAt.Sub(nextAttempt), 10*time.Second, "and promptly after it")
 }
 
 func TestRunsOfAClientWithoutAWorkerAreFoundAndFinished(t *testing.T) {
@@ -146,7 +148,7 @@ func TestStopKeepsToItsContextAndSaysWhatDidNotStop(t *testing.T) {
 		return 0, ctx.Err()
 	}, nil)
 	require.NoError(t, err)
-	w, err := worker.New(b.pool, &worker.Config{Engine: engine.Config{Workflows: workflows}, ShutdownGrace: 5 * time.Second})
+	w, err := worker.New(b.pool, &worker.Config{Engine: engine.Config{Workflows: workflows}, ShutdownGrace: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
 	go w.Engine().Start(context.Background(), engine.StartParams{Workflow: "deaf", IdempotencyKey: "k", Input: []byte(`{}`)}) //nolint:errcheck
@@ -157,7 +159,7 @@ func TestStopKeepsToItsContextAndSaysWhatDidNotStop(t *testing.T) {
 	began := time.Now()
 	err = w.Stop(ctx)
 	require.ErrorIs(t, err, context.DeadlineExceeded, "not nil: an execution did not stop")
-	require.Less(t, time.Since(began), 2*time.Second, "the context's 500ms, not the 5s grace, and a second to hand over")
+	require.Less(t, time.Since(began), 15*time.Second, "the context's 500ms and the hand-over, not the minute's grace")
 }
 
 func TestConnectionsCountsEveryHolder(t *testing.T) {
