@@ -244,11 +244,13 @@ func TestBenchComparesBothEnginesInAScratchDatabaseItDrops(t *testing.T) {
 		require.Regexp(t, row, out)
 	}
 	// A 1-phase run is 5 round trips and 3 commits alone (start; BEGIN,
-	// the phase, COMMIT; finish); finishes of concurrent runs coalesce.
+	// the phase, COMMIT; finish); the start and the finish coalesce with
+	// concurrent runs' (the more, the busier the machine), the phase's two
+	// other round trips never do.
 	costs := regexp.MustCompile(`(?m)^\s+1\s+plain\s+\d+\s+\S+\s+\S+\s+(\d+\.\d\d)\s+(\d+\.\d\d)\s`).FindStringSubmatch(out)
 	require.NotNil(t, costs, out)
 	trips, commits := mustFloat(t, costs[1]), mustFloat(t, costs[2])
-	require.True(t, trips >= 4 && trips <= 5 && commits >= 2 && commits <= 3 && math.Abs(trips-commits-2) < 0.015,
+	require.True(t, trips > 3 && trips <= 5 && commits > 1 && commits <= 3 && math.Abs(trips-commits-2) < 0.015,
 		"a 1-phase run: %v round trips, %v commits", trips, commits)
 	scratch := regexp.MustCompile(`ratchet_bench_[0-9a-z]+`).FindString(errOut)
 	require.NotEmpty(t, scratch, errOut)
