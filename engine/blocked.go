@@ -23,6 +23,10 @@ const (
 	// downstream's key window; an operator must check the downstream and
 	// resume or cancel the run.
 	BlockedNeedsReconciliation BlockedReason = "needs_reconciliation"
+	// BlockedConcurrency: the run is queued for a slot of its concurrency
+	// key (ConcurrencyKey), whose Limit slots other runs hold (Holders);
+	// it starts when one passes to it, in creation order.
+	BlockedConcurrency BlockedReason = "concurrency"
 	// BlockedCompensating: the run is undoing its compensable phases.
 	BlockedCompensating BlockedReason = "compensating"
 	// BlockedCancelPending: a cancellation was asked; the run stops at its
@@ -50,7 +54,7 @@ const (
 // BlockedReasons returns every reason, in the order they are decided.
 func BlockedReasons() []BlockedReason {
 	return []BlockedReason{
-		BlockedCompensationStuck, BlockedNeedsReconciliation, BlockedCompensating, BlockedCancelPending,
+		BlockedCompensationStuck, BlockedNeedsReconciliation, BlockedConcurrency, BlockedCompensating, BlockedCancelPending,
 		BlockedExecuting, BlockedTimer, BlockedSignal, BlockedUnserved, BlockedBackingOff, BlockedDue,
 	}
 }
@@ -63,6 +67,7 @@ const blockedReasonSQL = `(CASE
 	WHEN r.finished_at IS NOT NULL THEN NULL
 	WHEN r.waiting_for->>'kind' = 'compensation' AND r.lease_expires_at IS NULL AND r.next_attempt_at IS NULL THEN 'compensation_stuck'
 	WHEN r.waiting_for->>'kind' = 'reconcile' AND r.lease_expires_at IS NULL AND r.next_attempt_at IS NULL THEN 'needs_reconciliation'
+	WHEN r.waiting_for->>'kind' = 'concurrency' AND r.lease_expires_at IS NULL AND r.next_attempt_at IS NULL THEN 'concurrency'
 	WHEN r.status = 'compensating' THEN 'compensating'
 	WHEN r.cancel_requested_at IS NOT NULL THEN 'cancel_pending'
 	WHEN r.lease_expires_at > now() THEN 'executing'
@@ -97,6 +102,12 @@ type Blocked struct {
 	// run (stuck); Streak how many retryable failures in a row had it.
 	Error  *RunError `json:"error,omitempty"`
 	Streak int       `json:"streak,omitempty"`
+	// ConcurrencyKey is the key a queued run waits for a slot of, Limit
+	// how many it has, and Holders the runs holding them (Why lists them;
+	// a listing does not).
+	ConcurrencyKey string   `json:"concurrency_key,omitempty"`
+	Limit          int      `json:"limit,omitempty"`
+	Holders        []string `json:"holders,omitempty"`
 }
 
 // describe fills in a Blocked from the run's row, for the reason the
@@ -118,6 +129,12 @@ func describe(run *Run, reason BlockedReason) *Blocked {
 	case BlockedNeedsReconciliation:
 		b.Phase, b.ChildKey, b.Since = w.Phase, w.ChildKey, w.FirstAttempt
 		b.Detail = fmt.Sprintf("step %s (child key %s) may have reached its downstream more than its key window (%s) ago; %s", w.Phase, w.ChildKey, w.KeyWindow, w.Reason)
+	case BlockedConcurrency:
+		b.ConcurrencyKey = w.Key
+		if run.ConcurrencyLimit != nil {
+			b.Limit = *run.ConcurrencyLimit
+		}
+		b.Detail = fmt.Sprintf("queued for a slot of concurrency key %q (limit %d): it starts when a run of the key that holds one finishes or parks, in creation order", w.Key, b.Limit)
 	case BlockedCompensating:
 		b.Owner, b.Until, b.Error, b.Streak = owner, cmpTime(run.LeaseExpiresAt, run.NextAttemptAt), run.Error, run.ErrorStreak
 		b.Detail = "undoing its compensable phases, newest first"
@@ -211,7 +228,34 @@ func (c *Client) Why(ctx context.Context, runID string) (*Run, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: why: %w", err)
 	}
-	return v.run(), nil
+	run := v.run()
+	if b := run.Blocked; b != nil && b.Reason == BlockedConcurrency {
+		if b.Holders, err = c.slotHolders(ctx, run); err != nil {
+			return nil, err
+		}
+	}
+	return run, nil
+}
+
+// maxHolders bounds the holders Why lists.
+const maxHolders = 20
+
+const slotHoldersSQL = `SELECT id FROM ratchet.runs
+WHERE tenant = $1 AND concurrency_key = $2 AND finished_at IS NULL AND holds_slot
+ORDER BY created_at, id LIMIT $3`
+
+// slotHolders lists the runs holding slots of a queued run's key, oldest
+// first.
+func (c *Client) slotHolders(ctx context.Context, run *Run) ([]string, error) {
+	rows, err := c.pool.Query(ctx, slotHoldersSQL, run.Tenant, *run.ConcurrencyKey, maxHolders)
+	if err != nil {
+		return nil, fmt.Errorf("engine: why: slot holders: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("engine: why: slot holders: %w", err)
+	}
+	return ids, nil
 }
 
 // blockedCountsSQL counts the unfinished runs by blocked reason, and says

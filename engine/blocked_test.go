@@ -46,6 +46,9 @@ func TestEveryBlockedReasonFromARealSituation(t *testing.T) {
 	reg("approval", func(ctx context.Context, _ struct{}) (string, error) {
 		return engine.Await[string](ctx, "approved", &engine.AwaitOpts{CorrelationKey: "tr_1", Timeout: time.Hour})
 	}, nil)
+	reg("serial", func(ctx context.Context, _ struct{}) (string, error) {
+		return engine.Await[string](ctx, "approved", nil)
+	}, &engine.WorkflowOpts{Concurrency: &engine.Concurrency{Limit: 1}})
 	reg("unknown", func(ctx context.Context, _ struct{}) (string, error) {
 		return engine.Step(ctx, "charged", func(ctx context.Context, _ steps.Key) (string, error) {
 			return "", &steps.IndeterminateError{Err: errors.New("connection reset")}
@@ -116,6 +119,14 @@ func TestEveryBlockedReasonFromARealSituation(t *testing.T) {
 	require.Equal(t, "tr_1", w.CorrelationKey)
 	require.NotNil(t, w.Until, "its timeout")
 
+	holder := finished("serial", "serial-1") // awaits, keeping its slot
+	queued := finished("serial", "serial-2")
+	w = why(queued.ID)
+	require.Equal(t, engine.BlockedConcurrency, w.Reason)
+	require.Equal(t, "serial", w.ConcurrencyKey)
+	require.Equal(t, 1, w.Limit)
+	require.Equal(t, []string{holder.ID}, w.Holders)
+
 	unknown := finished("unknown", "unknown")
 	w = why(unknown.ID)
 	require.Equal(t, engine.BlockedNeedsReconciliation, w.Reason)
@@ -155,12 +166,12 @@ func TestEveryBlockedReasonFromARealSituation(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[engine.BlockedReason]int{
 		engine.BlockedExecuting: 1, engine.BlockedCancelPending: 1, engine.BlockedDue: 1, engine.BlockedBackingOff: 1,
-		engine.BlockedTimer: 1, engine.BlockedSignal: 1, engine.BlockedNeedsReconciliation: 1,
-		engine.BlockedCompensating: 1, engine.BlockedCompensationStuck: 1,
+		engine.BlockedTimer: 1, engine.BlockedSignal: 2, engine.BlockedNeedsReconciliation: 1,
+		engine.BlockedCompensating: 1, engine.BlockedCompensationStuck: 1, engine.BlockedConcurrency: 1,
 	}, summary.ByReason)
 	require.Positive(t, summary.OldestDue)
 	require.Equal(t, 2, summary.LongestStreak)
-	require.Len(t, engine.BlockedReasons(), 10)
+	require.Len(t, engine.BlockedReasons(), 11)
 }
 
 // The run gauges report what BlockedSummary counts.

@@ -183,6 +183,10 @@ type Client struct {
 
 	// inline holds a token per inline execution when MaxInline bounds them.
 	inline chan struct{}
+	// passed rings when an execution here gave up a concurrency slot,
+	// which passed to a queued run that is now due (buffered 1: a
+	// doorbell; see SlotPassed).
+	passed chan struct{}
 
 	// commits sends fenced one-statement commits, coalesced.
 	commits *coalescer
@@ -226,7 +230,7 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	}
 	c := &Client{
 		pool: pool, cfg: cfg, workflows: cfg.Workflows, logger: cfg.Logger, executions: map[*execution]struct{}{}, inline: inline,
-		tel: tel, hooks: hooks,
+		tel: tel, hooks: hooks, passed: make(chan struct{}, 1),
 		// An executor paused inside a phase's transaction (a "zombie") may
 		// hold the run's row lock, and a takeover would wait on it for as
 		// long as the pause lasts. Postgres ends a session idle in a

@@ -83,6 +83,15 @@ func executionFrom(ctx context.Context) (*execution, error) {
 // retry, or, when ctx ends or the lease is lost, left as it stands for
 // another executor. It returns the run's state as this execution left it.
 func (c *Client) execute(ctx context.Context, def definition, run *Run, journal []Phase) (*Run, error) {
+	if run.needsSlot() {
+		// Before anything of the run executes; a queued run's execution
+		// ends here, its lease released.
+		taken, err := c.takeSlot(ctx, run)
+		if err != nil || !taken.HoldsSlot {
+			return taken, err
+		}
+		run = taken
+	}
 	ctx, lose := context.WithCancelCause(ctx)
 	defer lose(nil)
 	forward, undone, cause := splitJournal(journal)
@@ -271,6 +280,7 @@ func (c *Client) finish(ctx context.Context, ex *execution, status Status, outpu
 		return nil, ex.leaseLost(ctx)
 	}
 	c.tel.runsFinished.Add(ctx, 1, metric.WithAttributes(attrWorkflow.String(run.Workflow), attrStatus.String(string(status))))
+	ex.gaveUpSlot()
 	return run, nil
 }
 

@@ -91,6 +91,15 @@ type Run struct {
 	// KeyFormat is the format of the child keys the run's steps send
 	// (1: steps.ChildKey, 2: steps.ChildKeyV2), fixed at its creation.
 	KeyFormat int `db:"key_format"`
+	// ConcurrencyKey is the key whose slots the run executes in (see
+	// Concurrency), with its group, and ConcurrencyLimit how many of them
+	// there were when it was created; nil for a run without one.
+	ConcurrencyKey   *string `db:"concurrency_key"`
+	ConcurrencyLimit *int    `db:"concurrency_limit"`
+	// HoldsSlot is set while the run holds one of its key's slots: from
+	// the moment it takes one, before anything of it executes, until it
+	// finishes (or parks, releasing it).
+	HoldsSlot bool `db:"holds_slot"`
 	// Blocked says what an unfinished run waits for and what will move
 	// it. Set by GetRun's siblings that read it (Why, ListRuns); nil
 	// elsewhere and for a finished run.
@@ -131,6 +140,11 @@ type Wait struct {
 	ChildKey     string        `json:"child_key,omitempty"`
 	FirstAttempt *time.Time    `json:"first_attempt,omitempty"`
 	KeyWindow    time.Duration `json:"key_window,omitempty"`
+	// Key is the concurrency key a run queued for a slot waits on
+	// (KindConcurrency), and Resume what it waited for before, restored
+	// when a slot passes to it.
+	Key    string `json:"key,omitempty"`
+	Resume *Wait  `json:"resume,omitempty"`
 	// Resolved is set by Reopen: an operator has seen the parked phase and
 	// asks for it to be tried again (a compensation) or called again (a
 	// step past its key window).
@@ -141,7 +155,8 @@ type Wait struct {
 const runColumns = `id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
 	status, recovery_point, lease_owner, lease_token, lease_expires_at, attempt, next_attempt_at,
 	output, error, response_status, traceparent, created_at, updated_at, finished_at, expires_at,
-	cancel_requested_at, due_at, waiting_for, pivot, error_streak, key_format`
+	cancel_requested_at, due_at, waiting_for, pivot, error_streak, key_format,
+	concurrency_key, concurrency_limit, holds_slot`
 
 // dbtx is what both a pool and a transaction offer.
 type dbtx interface {
@@ -250,6 +265,9 @@ const (
 	KindReconcile PhaseKind = "reconcile"
 	// KindPatch marks a run that took a patched path (Patched).
 	KindPatch PhaseKind = "patch"
+	// KindConcurrency is never journaled: it is the Wait.Kind of a run
+	// queued for a slot of its concurrency key.
+	KindConcurrency PhaseKind = "concurrency"
 )
 
 // Phase is one committed entry of a run's journal.

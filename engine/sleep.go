@@ -69,10 +69,11 @@ const wakeSQL = `SELECT w, now() >= w FROM (SELECT coalesce($1::timestamptz, now
 
 // parkSQL parks a run: waiting for what $3 describes, due at $4 (never,
 // when NULL), its status $5, its lease released with a new token (fencing
-// this execution, which ends).
+// this execution, which ends), and its concurrency slot given up if $6.
 const parkSQL = `
 UPDATE ratchet.runs SET
 	status = $5,
+	holds_slot = holds_slot AND NOT $6,
 	waiting_for = $3,
 	next_attempt_at = $4,
 	lease_token = lease_token + 1,
@@ -129,7 +130,11 @@ func commitWait[T any](ctx context.Context, ex *execution, tx pgx.Tx, seq int, n
 // fenced, and commits: the execution is over, and the phase returns the
 // error parkIn does.
 func parkIn(ctx context.Context, ex *execution, tx pgx.Tx, status Status, wait *Wait) error {
-	parked, ok, err := queryRun(ctx, tx, parkSQL, ex.run.ID, ex.run.LeaseToken, wait, wait.Until, status)
+	release := false
+	if conc := ex.def.concurrency(); conc != nil {
+		release = conc.ReleaseWhileParked
+	}
+	parked, ok, err := queryRun(ctx, tx, parkSQL, ex.run.ID, ex.run.LeaseToken, wait, wait.Until, status, release)
 	if err != nil {
 		return ex.breakOff(fmt.Errorf("engine: phase %q: park: %w", wait.Phase, err))
 	}
@@ -138,6 +143,9 @@ func parkIn(ctx context.Context, ex *execution, tx pgx.Tx, status Status, wait *
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return ex.breakOff(fmt.Errorf("engine: phase %q: commit park: %w", wait.Phase, err))
+	}
+	if release {
+		ex.gaveUpSlot()
 	}
 	ex.park(parked)
 	return &parkedError{wait: wait}

@@ -35,6 +35,14 @@ type StartParams struct {
 	// execution is not cut short: it goes on in this client after Start
 	// returns.
 	Wait time.Duration
+	// ConcurrencyKey is the value that keys the run's concurrency, in
+	// place of the input field the workflow's Concurrency names (the
+	// group is still the workflow's); ConcurrencyLimit, if not zero, the
+	// limit in place of its. Either limits a workflow that declares no
+	// Concurrency, by its name. Neither is part of the request's
+	// fingerprint: a retry that names another key attaches to the run.
+	ConcurrencyKey   string
+	ConcurrencyLimit int
 }
 
 // Outcome says what Start found for the idempotency key.
@@ -219,6 +227,10 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 	if err := def.checkInput(input); err != nil {
 		return nil, err
 	}
+	ckey, climit, err := runKey(def.concurrency(), def.Name(), input, p)
+	if err != nil {
+		return nil, err
+	}
 	fp := fingerprint(def.Name(), input)
 
 	var db dbtx = c.pool
@@ -240,7 +252,7 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 	// A key pruned between the INSERT's conflict and the lookup is free
 	// again; try once more rather than report a run that no longer exists.
 	for range 3 {
-		run, created, err := c.claimKey(ctx, db, def, p, input, fp, lease)
+		run, created, err := c.claimKey(ctx, db, def, p, input, fp, lease, ckey, climit)
 		if err != nil {
 			slot()
 			return nil, err
@@ -288,6 +300,8 @@ func existingOutcome(lr *leasedRun, fp []byte) (*StartResult, error) {
 // claimKeySQL inserts a run unless its key exists. With $9 the run is born
 // leased to the caller ($10, for $11), which is how Start claims it and
 // executes it in the same breath; otherwise it is born pending and unleased.
+// A run with a concurrency key ($13, limit $14) is born holding no slot:
+// its execution takes one first.
 //
 // The key's uniqueness is runs_request_unique's, over the request's digest
 // (migration 0013). ON CONFLICT names no index: until the contract
@@ -296,20 +310,21 @@ func existingOutcome(lr *leasedRun, fp []byte) (*StartResult, error) {
 // the key existing (naming one would make a race on the other an error).
 const claimKeySQL = `
 INSERT INTO ratchet.runs (id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
-	traceparent, status, lease_owner, lease_token, lease_expires_at, attempt, key_format)
+	traceparent, status, lease_owner, lease_token, lease_expires_at, attempt, key_format,
+	concurrency_key, concurrency_limit)
 SELECT $1, $2, $3, $4, $5, $6, $7, nullif($8, ''),
 	CASE WHEN $9 THEN 'running' ELSE 'pending' END,
 	CASE WHEN $9 THEN $10 END,
 	CASE WHEN $9 THEN 1 ELSE 0 END,
 	CASE WHEN $9 THEN now() + $11::interval END,
 	CASE WHEN $9 THEN 1 ELSE 0 END,
-	$12::smallint
+	$12::smallint, $13, $14
 ON CONFLICT DO NOTHING
 RETURNING ` + runColumns
 
-func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartParams, input, fp []byte, lease bool) (*Run, bool, error) {
+func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartParams, input, fp []byte, lease bool, ckey *string, climit *int) (*Run, bool, error) {
 	args := []any{ulid.Make().String(), p.Tenant, p.IdempotencyKey, def.Name(), def.version(), input, fp,
-		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter, c.cfg.KeyFormat}
+		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter, c.cfg.KeyFormat, ckey, climit}
 	var (
 		run *Run
 		ok  bool

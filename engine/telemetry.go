@@ -48,6 +48,7 @@ type telemetry struct {
 	replays       metric.Int64Counter
 	compensations metric.Int64Counter
 	reconciles    metric.Int64Counter
+	queued        metric.Int64Counter
 }
 
 func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
@@ -76,6 +77,7 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry,
 	t.fencing = counter("ratchet.lease.fencing_rejections", "Writes refused because another executor holds the run's lease.")
 	t.replays = counter("ratchet.runs.replayed", "Starts that found their key taken, by outcome (finished: a stored result replayed).")
 	t.compensations = counter("ratchet.compensations", "Compensations begun, and stuck (an undo failed permanently), by outcome.")
+	t.queued = counter("ratchet.runs.queued", "Executions that found their run's concurrency key at its limit and queued it for a slot.")
 	t.reconciles = counter("ratchet.steps.reconciled", "Steps whose unknown outcome was reconciled (found, not_found) or parked for an operator (parked).")
 	if err != nil {
 		return nil, err

@@ -61,6 +61,9 @@ type WorkflowOpts struct {
 	// status stored with a failed run, e.g. {"card_declined": 402}. Other
 	// codes get 422.
 	ErrorStatuses map[string]int
+	// Concurrency limits how many runs of one key execute at once; runs
+	// over the limit queue (see Concurrency). Nil: no limit.
+	Concurrency *Concurrency
 }
 
 // Default response statuses (see WorkflowOpts).
@@ -80,6 +83,7 @@ type Workflow[In, Out any] struct {
 	retry         *RetryPolicy  // nil: the client's
 	successStatus int
 	errorStatuses map[string]int
+	conc          *Concurrency // nil: none
 	fn            func(context.Context, In) (Out, error)
 }
 
@@ -95,6 +99,8 @@ type definition interface {
 	// responseStatus is the status stored with a run finishing as status
 	// with err.
 	responseStatus(status Status, err *RunError) *int
+	// concurrency is the workflow's concurrency declaration, or nil.
+	concurrency() *Concurrency
 	// checkInput reports whether JSON input decodes into the input type.
 	checkInput(input []byte) error
 	// invoke decodes the input, runs the workflow and encodes its output.
@@ -106,6 +112,7 @@ func (w *Workflow[In, Out]) Name() string              { return w.name }
 func (w *Workflow[In, Out]) version() int              { return w.ver }
 func (w *Workflow[In, Out]) draining() bool            { return w.drain }
 func (w *Workflow[In, Out]) retryPolicy() *RetryPolicy { return w.retry }
+func (w *Workflow[In, Out]) concurrency() *Concurrency { return w.conc }
 
 func (w *Workflow[In, Out]) ttl(status Status) *time.Duration {
 	d := w.retention
@@ -207,6 +214,13 @@ func Register[In, Out any](r *Workflows, name string, fn func(ctx context.Contex
 		}
 		w.retry = &p
 	}
+	if opts.Concurrency != nil {
+		c := *opts.Concurrency
+		if err := c.validate(); err != nil {
+			return nil, fmt.Errorf("engine: workflow %q: %w", name, err)
+		}
+		w.conc = &c
+	}
 	switch {
 	case !validName(name):
 		return nil, fmt.Errorf("engine: workflow name %q: want 1..255 letters, digits, '.', '-' or '_'", name)
@@ -253,12 +267,17 @@ type StartOpts struct {
 	// Wait bounds how long Start waits for the run's execution, which goes
 	// on after Start returns (see StartParams.Wait). StartTx ignores it.
 	Wait time.Duration
+	// ConcurrencyKey and ConcurrencyLimit override the workflow's
+	// concurrency declaration for this run (see StartParams).
+	ConcurrencyKey   string
+	ConcurrencyLimit int
 }
 
 func (o *StartOpts) params(name, key string, input []byte) StartParams {
 	p := StartParams{Workflow: name, IdempotencyKey: key, Input: input}
 	if o != nil {
 		p.Tenant, p.Traceparent, p.Wait = o.Tenant, o.Traceparent, o.Wait
+		p.ConcurrencyKey, p.ConcurrencyLimit = o.ConcurrencyKey, o.ConcurrencyLimit
 	}
 	return p
 }

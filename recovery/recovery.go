@@ -192,12 +192,21 @@ func (r *Recoverer) loop(ctx context.Context) {
 			return
 		case <-timer.C:
 		case <-freed:
+		case <-r.engine.SlotPassed():
+			// A run queued for a concurrency slot is due now.
 		}
 		if time.Since(announced) >= r.cfg.AnnounceInterval {
 			if err := r.engine.Announce(ctx, 3*r.cfg.AnnounceInterval); err != nil && ctx.Err() == nil {
 				r.logger.WarnContext(ctx, "recovery: announcing what this process serves failed; will try again", slog.String("error", err.Error()))
 			} else {
 				announced = time.Now()
+			}
+			// As often, slots that no pass reached (a raised limit) pass
+			// to the runs queued for them.
+			if n, err := r.engine.PassFreeSlots(ctx); err != nil && ctx.Err() == nil {
+				r.logger.WarnContext(ctx, "recovery: passing free concurrency slots failed; will try again", slog.String("error", err.Error()))
+			} else if n > 0 {
+				r.logger.InfoContext(ctx, "recovery: passed free concurrency slots to queued runs", slog.Int("runs", n))
 			}
 		}
 		claimed, free, err := r.poll(ctx)
