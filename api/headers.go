@@ -3,6 +3,7 @@ package api
 import (
 	"fmt"
 	"mime"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -23,6 +24,12 @@ func parseIdempotencyKey(values []string) (string, error) {
 	if v == "" {
 		return "", errMissingKey
 	}
+	return parseHeaderKey(v)
+}
+
+// parseHeaderKey reads a key header's value: a bare token or a
+// structured-field string, of 1..255 printable ASCII characters.
+func parseHeaderKey(v string) (string, error) {
 	var key string
 	if v[0] == '"' {
 		var b strings.Builder
@@ -65,6 +72,38 @@ func parseIdempotencyKey(values []string) (string, error) {
 }
 
 var errMissingKey = fmt.Errorf("the Idempotency-Key header is required")
+
+// concurrencyHeaders reads the optional Ratchet-Concurrency-Key (a key,
+// written as Idempotency-Key is) and Ratchet-Concurrency-Limit (a whole
+// number, 1 or more) of a start: the run's own concurrency key and limit
+// in place of its workflow's (engine.StartParams).
+func concurrencyHeaders(h http.Header) (key string, limit int, err error) {
+	switch values := h.Values("Ratchet-Concurrency-Key"); len(values) {
+	case 0:
+	case 1:
+		v := strings.TrimSpace(values[0])
+		if v == "" {
+			return "", 0, fmt.Errorf("Ratchet-Concurrency-Key is empty")
+		}
+		if key, err = parseHeaderKey(v); err != nil {
+			return "", 0, fmt.Errorf("Ratchet-Concurrency-Key: %w", err)
+		}
+	default:
+		return "", 0, fmt.Errorf("%d Ratchet-Concurrency-Key headers; send one", len(values))
+	}
+	switch values := h.Values("Ratchet-Concurrency-Limit"); len(values) {
+	case 0:
+	case 1:
+		n, err := strconv.ParseInt(strings.TrimSpace(values[0]), 10, 32)
+		if err != nil || n < 1 {
+			return "", 0, fmt.Errorf("Ratchet-Concurrency-Limit %q: want a whole number, 1 or more", values[0])
+		}
+		limit = int(n)
+	default:
+		return "", 0, fmt.Errorf("%d Ratchet-Concurrency-Limit headers; send one", len(values))
+	}
+	return key, limit, nil
+}
 
 // preferredWait reads "Prefer: wait=N" (RFC 7240) in seconds. ok is false
 // when the header asks for no wait.

@@ -74,6 +74,18 @@ func setup(t testing.TB, cfg *api.Config) *testBundle {
 		}, nil)
 	}, nil)
 	require.NoError(t, err)
+	// "serial" is "slow" one run at a time per value.
+	_, err = engine.Register(workflows, "serial", func(ctx context.Context, in echoIn) (echoIn, error) {
+		return engine.Atomic(ctx, "waited", func(ctx context.Context, _ pgx.Tx) (echoIn, error) {
+			select {
+			case <-b.release:
+				return in, nil
+			case <-ctx.Done():
+				return in, ctx.Err()
+			}
+		}, nil)
+	}, &engine.WorkflowOpts{Concurrency: &engine.Concurrency{Key: "value", Limit: 1}})
+	require.NoError(t, err)
 	_, err = engine.Register(workflows, "pay", func(ctx context.Context, in payIn) (payIn, error) {
 		if in.Customer == "cus_declined" {
 			return in, steps.Permanent("card_declined", errDeclined)

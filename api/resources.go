@@ -32,6 +32,9 @@ type runResource struct {
 	// Blocked says what an unfinished run waits for and what will move
 	// it (engine.Blocked).
 	Blocked *engine.Blocked `json:"blocked,omitempty"`
+	// Concurrency is the key whose slots the run executes in, and whether
+	// it holds one now (engine.Concurrency).
+	Concurrency *concurrencyResource `json:"concurrency,omitempty"`
 	// ErrorStreak counts the retryable failures in a row with the same
 	// error.
 	ErrorStreak int `json:"error_streak,omitempty"`
@@ -44,10 +47,19 @@ type runResource struct {
 	Phases     []phaseResource `json:"phases,omitempty"`
 }
 
+type concurrencyResource struct {
+	Key   string `json:"key"`
+	Limit int    `json:"limit"`
+	// HoldsSlot is false once the run has finished.
+	HoldsSlot bool `json:"holds_slot"`
+}
+
 type waitResource struct {
 	Kind  engine.PhaseKind `json:"kind"`
 	Phase string           `json:"phase"`
 	Until *time.Time       `json:"until,omitempty"`
+	// Key is the concurrency key a queued run waits for a slot of.
+	Key string `json:"key,omitempty"`
 	// What a run parked for an operator needs (engine.Wait).
 	Reason       string           `json:"reason,omitempty"`
 	Error        *engine.RunError `json:"error,omitempty"`
@@ -94,8 +106,11 @@ func newRunResource(r *engine.Run, phases []engine.Phase) runResource {
 		res.ErrorStreak = r.ErrorStreak
 	}
 	if w := r.WaitingFor; w != nil && !r.Status.Finished() {
-		res.WaitingFor = &waitResource{Kind: w.Kind, Phase: w.Phase, Until: utc(w.Until), Reason: w.Reason, Error: w.Error,
+		res.WaitingFor = &waitResource{Kind: w.Kind, Phase: w.Phase, Until: utc(w.Until), Key: w.Key, Reason: w.Reason, Error: w.Error,
 			ChildKey: w.ChildKey, FirstAttempt: utc(w.FirstAttempt), KeyWindow: w.KeyWindow.Seconds(), Resolved: w.Resolved}
+	}
+	if r.ConcurrencyKey != nil && r.ConcurrencyLimit != nil {
+		res.Concurrency = &concurrencyResource{Key: *r.ConcurrencyKey, Limit: *r.ConcurrencyLimit, HoldsSlot: r.HoldsSlot}
 	}
 	if r.LeaseExpiresAt != nil {
 		res.Lease = &leaseResource{Token: r.LeaseToken, ExpiresAt: utc(r.LeaseExpiresAt)}

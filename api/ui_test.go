@@ -104,8 +104,17 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	runningID := decode[struct {
 		ID string `json:"id"`
 	}](t, r).ID
+	// Two runs of one concurrency key: one holds its slot, one queues.
+	queuedIDs := []string{}
+	for _, key := range []string{"q1", "q2"} {
+		r := b.start(t, "serial", key, `{"value":"acct_9"}`, "Authorization", "Bearer tok", "Prefer", "wait=0")
+		require.Equal(t, http.StatusAccepted, r.status, "%s", r)
+		queuedIDs = append(queuedIDs, decode[struct {
+			ID string `json:"id"`
+		}](t, r).ID)
+	}
 	require.NoError(t, b.engine.Announce(context.Background(), time.Minute))
-	const all = 8
+	const all = 10
 
 	rows := func(sel string) int {
 		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](fmt.Sprintf(`document.querySelectorAll(%q).length`, sel)))
@@ -230,6 +239,17 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	// A step's page shows its child key on the timeline.
 	open(chargeID)
 	require.Contains(t, text(`.phase-row[data-kind="step"]`), *phases[0].ChildKey)
+
+	// A queued run's page: its key, and the run holding the slot, a link
+	// to it.
+	open(queuedIDs[1])
+	require.Eventually(t, func() bool { return attr(t, ctx, `#why`, "data-reason") == "concurrency" }, patience, 50*time.Millisecond)
+	require.Contains(t, text(`#concurrency`), "serial/acct_9")
+	require.Contains(t, text(`#concurrency`), "holds no slot")
+	require.Equal(t, queuedIDs[0], text(`#holders a`))
+	click(`#holders a`)
+	require.Eventually(t, func() bool { return text(`#run-id`) == queuedIDs[0] }, patience, 50*time.Millisecond)
+	require.Contains(t, text(`#concurrency`), "holds a slot")
 
 	// A compensated saga: the cause, the decision and each undo on the
 	// timeline.

@@ -6,7 +6,7 @@
 const base = location.pathname.replace(/\/ui\/.*$/, "");
 const app = document.getElementById("app");
 const statuses = ["", "pending", "running", "waiting", "compensating", "succeeded", "failed", "cancelled", "compensated"];
-const reasons = ["", "executing", "due", "backing_off", "timer", "signal", "unserved", "compensating", "compensation_stuck", "needs_reconciliation", "cancel_pending"];
+const reasons = ["", "executing", "due", "backing_off", "timer", "signal", "unserved", "compensating", "compensation_stuck", "needs_reconciliation", "concurrency", "cancel_pending"];
 let poll = null;
 let lastAction = ""; // what the last action on the run page answered
 let armedCancel = null; // the run whose Cancel button was clicked once: a second click cancels it
@@ -190,7 +190,10 @@ function runView(run, reload) {
       h("span", {class: "muted"}, "Attempt"), h("span", {}, run.attempt + (run.error_streak ? " (" + run.error_streak + " failures in a row with the same error)" : "")),
       h("span", {class: "muted"}, "Created"), h("span", {}, fmtTime(run.created_at)),
       h("span", {class: "muted"}, "Finished"), h("span", {}, fmtTime(run.finished_at)),
-      run.pivot ? [h("span", {class: "muted"}, "Pivot"), h("span", {}, run.pivot + " (committed: it only goes forward)")] : []),
+      run.pivot ? [h("span", {class: "muted"}, "Pivot"), h("span", {}, run.pivot + " (committed: it only goes forward)")] : [],
+      run.concurrency ? [h("span", {class: "muted"}, "Concurrency"), h("span", {id: "concurrency"},
+        h("span", {class: "mono"}, run.concurrency.key), " · limit " + run.concurrency.limit +
+        (run.finished_at ? "" : run.concurrency.holds_slot ? " · holds a slot" : " · holds no slot"))] : []),
     whyBox(run),
     actions(run, reload),
     h("p", {id: "action-result", class: "muted"}, lastAction)));
@@ -210,7 +213,9 @@ function whyBox(run) {
   return h("div", {class: "why", id: "why", dataset: {reason: b.reason}},
     badge(b.reason), " ", b.detail,
     b.since ? h("div", {class: "muted"}, "since " + fmtTime(b.since)) : "",
-    b.until ? h("div", {class: "muted"}, "until " + fmtTime(b.until)) : "");
+    b.until ? h("div", {class: "muted"}, "until " + fmtTime(b.until)) : "",
+    b.holders && b.holders.length ? h("div", {id: "holders"}, "Held by ",
+      b.holders.flatMap((id, i) => [i ? ", " : "", h("a", {class: "mono", href: "#/runs/" + id}, id)])) : "");
 }
 
 function actions(run, reload) {
