@@ -73,7 +73,9 @@ CREATE TRIGGER runs_pass_slot AFTER UPDATE ON ratchet.runs FOR EACH ROW
 -- when the token is not the run's.
 --
 -- A run takes a slot when the slots held and the runs of its key ahead of
--- it (older, without a slot, not parked) are fewer than its limit: runs of
+-- it (older, without a slot, not parked — parked for anything but a slot:
+-- a run that released its slot to sleep, or to wait for an operator, is
+-- not ahead of anyone) are fewer than its limit: runs of
 -- a key start in creation order. Callers for one key are serialised by an
 -- advisory lock, taken before the counts are read (each statement of a
 -- function reads a fresh snapshot), so two cannot both see the last slot
@@ -103,7 +105,8 @@ BEGIN
     SELECT count(*), count(*) FILTER (WHERE waiting_for->>'kind' IS DISTINCT FROM 'concurrency') INTO ahead, awake
     FROM ratchet.runs
     WHERE tenant = r.tenant AND concurrency_key = r.concurrency_key AND finished_at IS NULL
-        AND NOT holds_slot AND status <> 'waiting' AND (created_at, id) < (r.created_at, r.id);
+        AND NOT holds_slot AND (waiting_for IS NULL OR waiting_for->>'kind' = 'concurrency')
+        AND (created_at, id) < (r.created_at, r.id);
     IF held + ahead < r.concurrency_limit THEN
         UPDATE ratchet.runs SET holds_slot = true,
             waiting_for = CASE WHEN waiting_for->>'kind' = 'concurrency' THEN waiting_for->'resume' ELSE waiting_for END
@@ -149,8 +152,7 @@ BEGIN
         SELECT tenant, concurrency_key,
             max(concurrency_limit) FILTER (WHERE waiting_for->>'kind' = 'concurrency') AS lim,
             count(*) FILTER (WHERE holds_slot) AS held,
-            count(*) FILTER (WHERE NOT holds_slot AND status <> 'waiting'
-                AND waiting_for->>'kind' IS DISTINCT FROM 'concurrency') AS awake
+            count(*) FILTER (WHERE NOT holds_slot AND waiting_for IS NULL) AS awake
         FROM ratchet.runs
         WHERE concurrency_key IS NOT NULL AND finished_at IS NULL
         GROUP BY tenant, concurrency_key
