@@ -22,15 +22,16 @@ import (
 // appFlags configure the Ratchet service that serve, worker and dev run:
 // the example workflows, their downstreams, the engine and the API.
 type appFlags struct {
-	StaleAfter   time.Duration `name:"stale-after" env:"RATCHET_STALE_AFTER" default:"30s" help:"Lease length: how long a run whose executor died waits before another process takes it over (env RATCHET_STALE_AFTER)."`
-	GatewayURL   string        `name:"gateway-url" env:"RATCHET_GATEWAY_URL" default:"http://127.0.0.1:4242" help:"Payment gateway base URL (env RATCHET_GATEWAY_URL)."`
-	MailURL      string        `name:"mail-url" env:"RATCHET_MAIL_URL" default:"http://127.0.0.1:4243" help:"Mail service base URL (env RATCHET_MAIL_URL)."`
-	BankURL      string        `name:"bank-url" env:"RATCHET_BANK_URL" default:"http://127.0.0.1:4244" help:"Bank base URL for the payout example, whose settlement webhooks come back as signals (env RATCHET_BANK_URL)."`
-	Tokens       string        `name:"tokens" env:"RATCHET_TOKENS" help:"API bearer tokens as token=tenant pairs, comma separated (env RATCHET_TOKENS). None: no authentication, tenant \"default\"."`
-	MaxInline    int           `name:"max-inline" env:"RATCHET_MAX_INLINE" default:"32" help:"Runs the API executes inline at once; a start beyond it is answered 202 and left to a worker. Sizes the database pool with the worker's settings (env RATCHET_MAX_INLINE)."`
-	CommitWindow time.Duration `name:"commit-window" env:"RATCHET_COMMIT_WINDOW" default:"500us" help:"How long a run's start, a step's result or a run's finish may wait for those of other runs this process executes, to be committed together in one round trip; 0 commits each alone (env RATCHET_COMMIT_WINDOW; docs/performance.md)."`
-	PollOnly     bool          `name:"poll-only" env:"RATCHET_POLL_ONLY" help:"River polls for jobs instead of LISTENing: for a database URL that goes through a transaction pooler such as PgBouncer (env RATCHET_POLL_ONLY; docs/performance.md)."`
-	KeyFormat    int           `name:"key-format" env:"RATCHET_KEY_FORMAT" default:"1" enum:"1,2,3" help:"Child-key format of the runs this process creates: 2 names the run in the key and needs no index of every key sent; 3 names the request, so a run lost in a failover and created again by the client's retry sends the same keys; set it once no older release runs against the database (env RATCHET_KEY_FORMAT; docs/steps.md)."`
+	StaleAfter    time.Duration `name:"stale-after" env:"RATCHET_STALE_AFTER" default:"30s" help:"Lease length: how long a run whose executor died waits before another process takes it over (env RATCHET_STALE_AFTER)."`
+	GatewayURL    string        `name:"gateway-url" env:"RATCHET_GATEWAY_URL" default:"http://127.0.0.1:4242" help:"Payment gateway base URL (env RATCHET_GATEWAY_URL)."`
+	MailURL       string        `name:"mail-url" env:"RATCHET_MAIL_URL" default:"http://127.0.0.1:4243" help:"Mail service base URL (env RATCHET_MAIL_URL)."`
+	BankURL       string        `name:"bank-url" env:"RATCHET_BANK_URL" default:"http://127.0.0.1:4244" help:"Bank base URL for the payout example, whose settlement webhooks come back as signals (env RATCHET_BANK_URL)."`
+	Tokens        string        `name:"tokens" env:"RATCHET_TOKENS" help:"API bearer tokens as token=tenant pairs, comma separated (env RATCHET_TOKENS). None: no authentication, tenant \"default\"."`
+	MaxInline     int           `name:"max-inline" env:"RATCHET_MAX_INLINE" default:"32" help:"Runs the API executes inline at once; a start beyond it is answered 202 and left to a worker. Sizes the database pool with the worker's settings (env RATCHET_MAX_INLINE)."`
+	CommitWindow  time.Duration `name:"commit-window" env:"RATCHET_COMMIT_WINDOW" default:"500us" help:"How long a run's start, a step's result or a run's finish may wait for those of other runs this process executes, to be committed together in one round trip; 0 commits each alone (env RATCHET_COMMIT_WINDOW; docs/performance.md)."`
+	PollOnly      bool          `name:"poll-only" env:"RATCHET_POLL_ONLY" help:"River polls for jobs instead of LISTENing: for a database URL that goes through a transaction pooler such as PgBouncer (env RATCHET_POLL_ONLY; docs/performance.md)."`
+	CustomerLimit int           `name:"customer-limit" env:"RATCHET_CUSTOMER_LIMIT" default:"10" help:"How many of one customer's payments run at once; the rest queue in arrival order (env RATCHET_CUSTOMER_LIMIT; docs/concurrency.md)."`
+	KeyFormat     int           `name:"key-format" env:"RATCHET_KEY_FORMAT" default:"1" enum:"1,2,3" help:"Child-key format of the runs this process creates: 2 names the run in the key and needs no index of every key sent; 3 names the request, so a run lost in a failover and created again by the client's retry sends the same keys; set it once no older release runs against the database (env RATCHET_KEY_FORMAT; docs/steps.md)."`
 }
 
 // workerConfig is the service's worker configuration but for what newApp
@@ -89,7 +90,7 @@ func redactToken(pair string) string {
 // runs in flight against them.
 func registry(pool *pgxpool.Pool, f appFlags) (*engine.Workflows, *payments.Payments, error) {
 	workflows := engine.NewWorkflows()
-	pay, err := payments.New(payments.Config{Pool: pool, GatewayURL: f.GatewayURL, MailURL: f.MailURL})
+	pay, err := payments.New(payments.Config{Pool: pool, GatewayURL: f.GatewayURL, MailURL: f.MailURL, CustomerLimit: f.CustomerLimit})
 	if err != nil {
 		return nil, nil, err
 	}

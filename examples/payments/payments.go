@@ -84,7 +84,16 @@ type Config struct {
 	// HTTP sends gateway and mail requests. Defaults to steps.NewClient(nil),
 	// which sends child keys and trace context.
 	HTTP *http.Client
+	// CustomerLimit is how many of one customer's payments run at once;
+	// the rest are created and queue in arrival order (blocked reason
+	// concurrency). 0 takes DefaultCustomerLimit; negative is an error.
+	CustomerLimit int
 }
+
+// DefaultCustomerLimit is the per-customer limit a zero Config gets: high
+// enough that no real customer waits, low enough that a script hammering
+// one customer cannot take every executor.
+const DefaultCustomerLimit = 10
 
 // Payments holds the workflow's dependencies.
 type Payments struct {
@@ -96,6 +105,12 @@ type Payments struct {
 func New(cfg Config) (*Payments, error) {
 	if cfg.Pool == nil || cfg.GatewayURL == "" || cfg.MailURL == "" {
 		return nil, errors.New("payments: Pool, GatewayURL and MailURL are required")
+	}
+	if cfg.CustomerLimit < 0 {
+		return nil, fmt.Errorf("payments: CustomerLimit %d: want 0 (the default, %d) or more", cfg.CustomerLimit, DefaultCustomerLimit)
+	}
+	if cfg.CustomerLimit == 0 {
+		cfg.CustomerLimit = DefaultCustomerLimit
 	}
 	if cfg.HTTP == nil {
 		cfg.HTTP = steps.NewClient(nil)
@@ -111,12 +126,14 @@ func New(cfg Config) (*Payments, error) {
 
 // Register adds the payment workflow: kept forever (it moves money), 201 on
 // success, 402 for a declined card, 400 for an invalid payment, 409 for a
-// payment refused by the ledger (and refunded).
+// payment refused by the ledger (and refunded); at most CustomerLimit of a
+// customer's payments run at once.
 func (p *Payments) Register(workflows *engine.Workflows) (*engine.Workflow[Input, Output], error) {
 	return engine.Register(workflows, WorkflowName, p.pay, &engine.WorkflowOpts{
 		Retention:     engine.RetentionForever,
 		SuccessStatus: http.StatusCreated,
 		ErrorStatuses: map[string]int{"card_declined": http.StatusPaymentRequired, "invalid_payment": http.StatusBadRequest, CodeAccountClosed: http.StatusConflict},
+		Concurrency:   &engine.Concurrency{Key: "customer", Limit: p.cfg.CustomerLimit},
 	})
 }
 

@@ -35,7 +35,7 @@ func deliverReceipts() error {
 	if err != nil {
 		return err
 	}
-	w, err := newWorker(pool, os.Getenv("GATEWAY_URL"), os.Getenv("MAIL_URL"))
+	w, err := newWorker(payments.Config{Pool: pool, GatewayURL: os.Getenv("GATEWAY_URL"), MailURL: os.Getenv("MAIL_URL")})
 	if err != nil {
 		return err
 	}
@@ -69,8 +69,8 @@ func setup(t *testing.T, mailOpts *fakes.MailOpts) *testBundle {
 
 // newWorker is a process's worker with the payment workflow and the
 // receipt delivery worker.
-func newWorker(pool *pgxpool.Pool, gwURL, mailURL string) (*worker.Worker, error) {
-	p, err := payments.New(payments.Config{Pool: pool, GatewayURL: gwURL, MailURL: mailURL})
+func newWorker(cfg payments.Config) (*worker.Worker, error) {
+	p, err := payments.New(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -82,17 +82,27 @@ func newWorker(pool *pgxpool.Pool, gwURL, mailURL string) (*worker.Worker, error
 	if err := p.AddWorkers(workers); err != nil {
 		return nil, err
 	}
-	return worker.New(pool, &worker.Config{
+	return worker.New(cfg.Pool, &worker.Config{
 		Engine:  engine.Config{Workflows: workflows},
 		Workers: workers,
 		Queues:  map[string]river.QueueConfig{payments.QueueReceipts: {MaxWorkers: 2}},
 	})
 }
 
+// config is the example's configuration against the bundle's fakes.
+func (b *testBundle) config() payments.Config {
+	return payments.Config{Pool: b.pool, GatewayURL: b.gwURL, MailURL: b.mailURL}
+}
+
 // startWorker runs a worker in this process until the test ends.
 func (b *testBundle) startWorker(t *testing.T) *worker.Worker {
 	t.Helper()
-	w, err := newWorker(b.pool, b.gwURL, b.mailURL)
+	return b.startWorkerWith(t, b.config())
+}
+
+func (b *testBundle) startWorkerWith(t *testing.T, cfg payments.Config) *worker.Worker {
+	t.Helper()
+	w, err := newWorker(cfg)
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(func() {
@@ -106,7 +116,7 @@ func (b *testBundle) startWorker(t *testing.T) *worker.Worker {
 // inlineClient executes payments but works no jobs.
 func (b *testBundle) inlineClient(t *testing.T) *engine.Client {
 	t.Helper()
-	p, err := payments.New(payments.Config{Pool: b.pool, GatewayURL: b.gwURL, MailURL: b.mailURL})
+	p, err := payments.New(b.config())
 	require.NoError(t, err)
 	workflows := engine.NewWorkflows()
 	_, err = p.Register(workflows)
@@ -181,11 +191,70 @@ func TestDeclinedCardFailsWith402AndNoLedgerOrEmail(t *testing.T) {
 func TestInvalidPaymentIsRefusedWith400(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
-	run := pay(t, b.inlineClient(t), "order-1", payments.Input{Amount: -1, Currency: "US dollars", Email: "nope"})
+	c := b.inlineClient(t)
+	run := pay(t, c, "order-1", payments.Input{Amount: -1, Currency: "US dollars", Customer: "cus_1", Email: "nope"})
 	require.Equal(t, engine.StatusFailed, run.Status)
 	require.Equal(t, "invalid_payment", run.Error.Code)
 	require.Equal(t, 400, *run.ResponseStatus)
+
+	// The customer keys the per-customer limit, so a payment without one
+	// is refused at the start, before a run exists (400 invalid_input
+	// over HTTP).
+	input, err := json.Marshal(payments.Input{Amount: 1, Currency: "usd", Email: "a@example.com"})
+	require.NoError(t, err)
+	_, err = c.Start(context.Background(), engine.StartParams{Workflow: payments.WorkflowName, IdempotencyKey: "order-2", Input: input})
+	require.ErrorIs(t, err, engine.ErrInvalidInput)
+	require.ErrorContains(t, err, `"customer"`)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM ratchet.runs`))
 	require.Empty(t, b.gateway.Requests())
+}
+
+func TestNewRefusesANegativeCustomerLimit(t *testing.T) {
+	t.Parallel()
+	_, err := payments.New(payments.Config{Pool: &pgxpool.Pool{}, GatewayURL: "http://gw", MailURL: "http://mail", CustomerLimit: -1})
+	require.ErrorContains(t, err, "CustomerLimit -1")
+}
+
+// A customer's payments run at most CustomerLimit at once: with every
+// charge held at the gateway for a while, eight payments started at once
+// for one customer overlap there at most twice, and all are charged once.
+func TestACustomersPaymentsRunAtMostCustomerLimitAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.gateway.SetFaults(fakes.Faults{Latency: 100 * time.Millisecond})
+	cfg := b.config()
+	cfg.CustomerLimit = 2
+	w := b.startWorkerWith(t, cfg)
+	var wg sync.WaitGroup
+	ids := make([]string, 10)
+	for i := range ids {
+		in := card
+		if i >= 8 {
+			in.Customer = "cus_other"
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			input, _ := json.Marshal(in)
+			res, err := w.Engine().Start(context.Background(), engine.StartParams{Workflow: payments.WorkflowName, IdempotencyKey: fmt.Sprintf("order-%d", i), Input: input})
+			if err == nil {
+				ids[i] = res.Run.ID
+			}
+		}()
+	}
+	wg.Wait()
+	for i, id := range ids {
+		require.NotEmpty(t, id, "payment %d was started", i)
+		require.Eventually(t, func() bool {
+			run, err := w.Engine().GetRun(context.Background(), id)
+			return err == nil && run.Status == engine.StatusSucceeded
+		}, 60*time.Second, 20*time.Millisecond, "payment %d succeeds", i)
+	}
+	stats := b.gateway.Stats()
+	require.Equal(t, 10, stats.Charges)
+	require.Len(t, stats.ChargesByKey, 10, "one charge per payment")
+	require.LessOrEqual(t, stats.MaxInFlightByCustomer[card.Customer], 2, "the limit held at the gateway")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM ratchet.runs WHERE holds_slot`), "every slot given back")
 }
 
 // The one duplicate left: a delivery process killed after the mail service

@@ -100,6 +100,10 @@ type Stats struct {
 	RefundsByKey    map[string]int `json:"refunds_by_key"`
 	// ReconcileQueries counts GET /v1/charges?idempotency_key= requests.
 	ReconcileQueries int `json:"reconcile_queries"`
+	// MaxInFlightByCustomer is the most charges of one customer the
+	// gateway was processing at once (a Latency fault makes them last):
+	// what a per-customer concurrency limit upstream must bound.
+	MaxInFlightByCustomer map[string]int `json:"max_in_flight_by_customer"`
 }
 
 // Gateway is a fake payment gateway. It is safe for concurrent use.
@@ -115,6 +119,7 @@ type Gateway struct {
 	charges  []Charge
 	refunds  map[string]Refund // by idempotency key
 	requests []Request
+	inFlight map[string]int // charges being processed, by customer
 	stats    Stats
 }
 
@@ -135,9 +140,9 @@ func NewGateway(opts *GatewayOpts) *Gateway {
 	}
 	g := &Gateway{
 		mux: http.NewServeMux(), afterCharge: opts.AfterCharge, afterRefund: opts.AfterRefund, keyWindow: opts.KeyWindow, faults: opts.Faults,
-		byKey: map[string]*stored{}, refunds: map[string]Refund{},
+		byKey: map[string]*stored{}, refunds: map[string]Refund{}, inFlight: map[string]int{},
 		stats: Stats{ChargesByKey: map[string]int{}, RequestsByKey: map[string]int{}, DeclinesByKey: map[string]int{},
-			RefundsByCharge: map[string]int{}, RefundsByKey: map[string]int{}},
+			RefundsByCharge: map[string]int{}, RefundsByKey: map[string]int{}, MaxInFlightByCustomer: map[string]int{}},
 	}
 	g.mux.HandleFunc("POST /v1/charges", g.createCharge)
 	g.mux.HandleFunc("POST /v1/refunds", g.createRefund)
@@ -163,6 +168,7 @@ func (g *Gateway) Stats() Stats {
 	s := g.stats
 	s.ChargesByKey, s.RequestsByKey, s.DeclinesByKey = clone(s.ChargesByKey), clone(s.RequestsByKey), clone(s.DeclinesByKey)
 	s.RefundsByCharge, s.RefundsByKey = clone(s.RefundsByCharge), clone(s.RefundsByKey)
+	s.MaxInFlightByCustomer = clone(s.MaxInFlightByCustomer)
 	return s
 }
 
@@ -223,9 +229,11 @@ func (g *Gateway) createCharge(w http.ResponseWriter, r *http.Request) {
 	if rec != nil {
 		// Processing takes latency; the charge completes even if the
 		// client gives up meanwhile, as a real gateway's would.
+		g.processing(params.Customer, 1)
 		time.Sleep(latency)
 		var charged bool
 		status, body, charged = g.complete(key, params, rec)
+		g.processing(params.Customer, -1)
 		if charged && g.afterCharge != nil {
 			g.afterCharge(key)
 		}
@@ -269,6 +277,17 @@ func (g *Gateway) begin(key string, params ChargeRequest) (status int, body []by
 		return status, body, false, nil
 	}
 	return prev.status, prev.body, true, nil
+}
+
+// processing counts a customer's charge in (delta 1) or out (-1) of
+// processing, keeping the customer's most at once.
+func (g *Gateway) processing(customer string, delta int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.inFlight[customer] += delta
+	if n := g.inFlight[customer]; n > g.stats.MaxInFlightByCustomer[customer] {
+		g.stats.MaxInFlightByCustomer[customer] = n
+	}
 }
 
 // complete performs the charge (or the decline) and stores the answer.

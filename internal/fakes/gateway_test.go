@@ -175,6 +175,35 @@ func TestGatewayReconciliationAndStats(t *testing.T) {
 	require.Equal(t, 1, stats.ChargesByKey["k1"])
 }
 
+func TestGatewayCountsEachCustomersChargesInFlight(t *testing.T) {
+	t.Parallel()
+	g := NewGateway(nil)
+	srv := httptest.NewServer(g)
+	defer srv.Close()
+	a := ChargeRequest{Amount: 1, Currency: "usd", Customer: "cus_a"}
+	slow := make(chan error, 1)
+	go func() {
+		// Not post: a test may only fail from its own goroutine.
+		body, _ := json.Marshal(a)
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/charges", bytes.NewReader(body))
+		req.Header.Set("Idempotency-Key", "a1")
+		req.Header.Set("Fake-Fault", "latency=5s")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		slow <- err
+	}()
+	// a1 is being processed (for 5 s) once it is counted: a2 and a3, one
+	// after the other, each overlap it and not each other.
+	require.Eventually(t, func() bool { return g.Stats().MaxInFlightByCustomer["cus_a"] == 1 }, 5*time.Second, time.Millisecond)
+	post(t, srv.URL, "a2", a, "")
+	post(t, srv.URL, "a3", a, "")
+	post(t, srv.URL, "b1", ChargeRequest{Amount: 1, Currency: "usd", Customer: "cus_b"}, "")
+	require.NoError(t, <-slow)
+	require.Equal(t, map[string]int{"cus_a": 2, "cus_b": 1}, g.Stats().MaxInFlightByCustomer)
+}
+
 func TestGatewayClientClassifiesAnswers(t *testing.T) {
 	t.Parallel()
 	g := NewGateway(nil)
