@@ -27,6 +27,13 @@ const (
 	// key (ConcurrencyKey), whose Limit slots other runs hold (Holders);
 	// it starts when one passes to it, in creation order.
 	BlockedConcurrency BlockedReason = "concurrency"
+	// BlockedQueued: the run waits in its queue (Queue, at Priority) for
+	// room: it starts when fewer of the queue's runs execute than its
+	// concurrency, after the runs ahead of it (Why counts them).
+	BlockedQueued BlockedReason = "queued"
+	// BlockedRateLimited: the run waits in its queue, whose rate limit
+	// has been reached; the next start is at Until (Why says it).
+	BlockedRateLimited BlockedReason = "rate_limited"
 	// BlockedCompensating: the run is undoing its compensable phases.
 	BlockedCompensating BlockedReason = "compensating"
 	// BlockedCancelPending: a cancellation was asked; the run stops at its
@@ -54,7 +61,7 @@ const (
 // BlockedReasons returns every reason, in the order they are decided.
 func BlockedReasons() []BlockedReason {
 	return []BlockedReason{
-		BlockedCompensationStuck, BlockedNeedsReconciliation, BlockedConcurrency, BlockedCompensating, BlockedCancelPending,
+		BlockedCompensationStuck, BlockedNeedsReconciliation, BlockedConcurrency, BlockedQueued, BlockedRateLimited, BlockedCompensating, BlockedCancelPending,
 		BlockedExecuting, BlockedTimer, BlockedSignal, BlockedUnserved, BlockedBackingOff, BlockedDue,
 	}
 }
@@ -68,6 +75,8 @@ const blockedReasonSQL = `(CASE
 	WHEN r.waiting_for->>'kind' = 'compensation' AND r.lease_expires_at IS NULL AND r.next_attempt_at IS NULL THEN 'compensation_stuck'
 	WHEN r.waiting_for->>'kind' = 'reconcile' AND r.lease_expires_at IS NULL AND r.next_attempt_at IS NULL THEN 'needs_reconciliation'
 	WHEN r.waiting_for->>'kind' = 'concurrency' AND r.lease_expires_at IS NULL AND r.next_attempt_at IS NULL THEN 'concurrency'
+	WHEN r.waiting_for->>'kind' = 'queue' AND r.lease_expires_at IS NULL AND r.next_attempt_at IS NULL THEN
+		CASE WHEN EXISTS (SELECT 1 FROM ratchet.queues q WHERE q.name = r.queue AND q.limited_until > now()) THEN 'rate_limited' ELSE 'queued' END
 	WHEN r.status = 'compensating' THEN 'compensating'
 	WHEN r.cancel_requested_at IS NOT NULL THEN 'cancel_pending'
 	WHEN r.lease_expires_at > now() THEN 'executing'
@@ -108,6 +117,11 @@ type Blocked struct {
 	ConcurrencyKey string   `json:"concurrency_key,omitempty"`
 	Limit          int      `json:"limit,omitempty"`
 	Holders        []string `json:"holders,omitempty"`
+	// Queue is the queue a run waits in, Priority its place there, and
+	// QueueState what Why read of the queue (a listing does not).
+	Queue      string      `json:"queue,omitempty"`
+	Priority   int         `json:"priority,omitempty"`
+	QueueState *QueueState `json:"queue_state,omitempty"`
 }
 
 // describe fills in a Blocked from the run's row, for the reason the
@@ -135,6 +149,12 @@ func describe(run *Run, reason BlockedReason) *Blocked {
 			b.Limit = *run.ConcurrencyLimit
 		}
 		b.Detail = fmt.Sprintf("queued for a slot of concurrency key %q (limit %d): it starts when a run of the key that holds one finishes or parks, in creation order", w.Key, b.Limit)
+	case BlockedQueued, BlockedRateLimited:
+		b.Queue, b.Priority = w.Queue, run.Priority
+		b.Detail = fmt.Sprintf("waiting in queue %q (priority %d) to start: when the queue has room, highest priority first, then in creation order", w.Queue, run.Priority)
+		if reason == BlockedRateLimited {
+			b.Detail = fmt.Sprintf("waiting in queue %q (priority %d), whose rate limit is reached: it starts once the limit allows, highest priority first", w.Queue, run.Priority)
+		}
 	case BlockedCompensating:
 		b.Owner, b.Until, b.Error, b.Streak = owner, cmpTime(run.LeaseExpiresAt, run.NextAttemptAt), run.Error, run.ErrorStreak
 		b.Detail = "undoing its compensable phases, newest first"
@@ -229,9 +249,29 @@ func (c *Client) Why(ctx context.Context, runID string) (*Run, error) {
 		return nil, fmt.Errorf("engine: why: %w", err)
 	}
 	run := v.run()
-	if b := run.Blocked; b != nil && b.Reason == BlockedConcurrency {
+	switch b := run.Blocked; {
+	case b == nil:
+	case b.Reason == BlockedConcurrency:
 		if b.Holders, err = c.slotHolders(ctx, run); err != nil {
 			return nil, err
+		}
+	case b.Reason == BlockedQueued || b.Reason == BlockedRateLimited:
+		if b.QueueState, err = c.queueState(ctx, run); err != nil {
+			return nil, err
+		}
+		if b.Reason == BlockedRateLimited {
+			b.Until = b.QueueState.LimitedUntil
+			if b.Until != nil {
+				b.Detail += "; the next start is at " + b.Until.UTC().Format(time.RFC3339Nano)
+			}
+		}
+		if s := b.QueueState; s.RateLimit > 0 {
+			b.Detail += fmt.Sprintf("; its rate limit is %d starts in %s", s.RateLimit, s.RatePeriod)
+		}
+		if s := b.QueueState; s.Concurrency > 0 {
+			b.Detail += fmt.Sprintf("; %d of its %d running, %d waiting ahead of this run", s.Executing, s.Concurrency, s.Ahead)
+		} else {
+			b.Detail += fmt.Sprintf("; %d running, %d waiting ahead of this run", s.Executing, s.Ahead)
 		}
 	}
 	return run, nil

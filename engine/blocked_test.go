@@ -17,7 +17,7 @@ import (
 // Every blocked reason, each produced by the situation that causes it.
 func TestEveryBlockedReasonFromARealSituation(t *testing.T) {
 	t.Parallel()
-	b := setupSaga(t, nil)
+	b := setupSaga(t, &engine.Config{Queues: []engine.Queue{{Name: "held"}, {Name: "metered", Rate: engine.Rate{Limit: 1, Period: time.Hour}}}})
 	ctx := context.Background()
 	workflows := b.c.Workflows()
 	inStep, release := make(chan struct{}, 1), make(chan struct{})
@@ -49,6 +49,7 @@ func TestEveryBlockedReasonFromARealSituation(t *testing.T) {
 	reg("serial", func(ctx context.Context, _ struct{}) (string, error) {
 		return engine.Await[string](ctx, "approved", nil)
 	}, &engine.WorkflowOpts{Concurrency: &engine.Concurrency{Limit: 1}})
+	reg("quick", func(ctx context.Context, _ struct{}) (string, error) { return "done", nil }, nil)
 	reg("unknown", func(ctx context.Context, _ struct{}) (string, error) {
 		return engine.Step(ctx, "charged", func(ctx context.Context, _ steps.Key) (string, error) {
 			return "", &steps.IndeterminateError{Err: errors.New("connection reset")}
@@ -127,6 +128,35 @@ func TestEveryBlockedReasonFromARealSituation(t *testing.T) {
 	require.Equal(t, 1, w.Limit)
 	require.Equal(t, []string{holder.ID}, w.Holders)
 
+	// A queue with a rate limit of one start an hour: the second run
+	// waits for the hour to pass. A run in a queue nothing has started
+	// from waits for a worker to start it.
+	inQueue := func(queue, key string) *engine.Run {
+		t.Helper()
+		res, err := b.c.Start(ctx, engine.StartParams{Workflow: "quick", IdempotencyKey: key, Input: []byte(`{}`), Queue: queue})
+		require.NoError(t, err)
+		return res.Run
+	}
+	inQueue("metered", "metered-1")
+	limited := inQueue("metered", "metered-2")
+	started, err := b.c.ClaimQueued(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, started, 1)
+	_, err = b.c.Continue(ctx, started[0])
+	require.NoError(t, err)
+	none, err := b.c.ClaimQueued(ctx, 10)
+	require.NoError(t, err)
+	require.Empty(t, none)
+	w = why(limited.ID)
+	require.Equal(t, engine.BlockedRateLimited, w.Reason)
+	require.Equal(t, "metered", w.Queue)
+	require.WithinDuration(t, time.Now().Add(time.Hour), *w.Until, time.Minute)
+	waiting := inQueue("held", "held-1")
+	w = why(waiting.ID)
+	require.Equal(t, engine.BlockedQueued, w.Reason)
+	require.Equal(t, "held", w.Queue)
+	require.Zero(t, w.QueueState.Ahead)
+
 	unknown := finished("unknown", "unknown")
 	w = why(unknown.ID)
 	require.Equal(t, engine.BlockedNeedsReconciliation, w.Reason)
@@ -168,10 +198,11 @@ func TestEveryBlockedReasonFromARealSituation(t *testing.T) {
 		engine.BlockedExecuting: 1, engine.BlockedCancelPending: 1, engine.BlockedDue: 1, engine.BlockedBackingOff: 1,
 		engine.BlockedTimer: 1, engine.BlockedSignal: 2, engine.BlockedNeedsReconciliation: 1,
 		engine.BlockedCompensating: 1, engine.BlockedCompensationStuck: 1, engine.BlockedConcurrency: 1,
+		engine.BlockedQueued: 1, engine.BlockedRateLimited: 1,
 	}, summary.ByReason)
 	require.Positive(t, summary.OldestDue)
 	require.Equal(t, 2, summary.LongestStreak)
-	require.Len(t, engine.BlockedReasons(), 11)
+	require.Len(t, engine.BlockedReasons(), 13)
 }
 
 // The run gauges report what BlockedSummary counts.

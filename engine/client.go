@@ -110,6 +110,11 @@ type Config struct {
 	// aggregate with max. Defaults to off.
 	RunGauges bool
 
+	// Queues declares the named queues the workflows' runs may wait in
+	// (see Queue). A workflow or a start naming a queue not declared here
+	// is refused (ErrUnknownQueue).
+	Queues []Queue
+
 	// Logger receives the engine's logs. Defaults to discarding them.
 	Logger *slog.Logger
 }
@@ -183,10 +188,12 @@ type Client struct {
 
 	// inline holds a token per inline execution when MaxInline bounds them.
 	inline chan struct{}
-	// passed rings when an execution here gave up a concurrency slot,
-	// which passed to a queued run that is now due (buffered 1: a
-	// doorbell; see SlotPassed).
-	passed chan struct{}
+	// ready rings when this client made work a poll should take at once
+	// (buffered 1: a doorbell; see Ready).
+	ready chan struct{}
+	// queues are Config.Queues by name, and queueOrder their names.
+	queues     map[string]*Queue
+	queueOrder []string
 
 	// commits sends fenced one-statement commits, coalesced.
 	commits *coalescer
@@ -194,13 +201,16 @@ type Client struct {
 	// read by the coalescer without c.mu.
 	executing atomic.Int64
 
-	mu          sync.Mutex
-	active      int                     // Start, TakeOver and Continue calls and detached executions in progress
-	executions  map[*execution]struct{} // executions in progress
-	draining    bool                    // Shutdown has begun
-	handingOver bool                    // Shutdown's grace has ended
-	idle        chan struct{}           // made when draining begins; closed when active drops to 0
-	idleClosed  bool
+	mu         sync.Mutex
+	active     int                     // Start, TakeOver and Continue calls and detached executions in progress
+	executions map[*execution]struct{} // executions in progress
+	// queueRunning counts, by queue, the runs this client started from
+	// their queue (ClaimQueued) whose executions have not ended.
+	queueRunning map[string]int
+	draining     bool          // Shutdown has begun
+	handingOver  bool          // Shutdown's grace has ended
+	idle         chan struct{} // made when draining begins; closed when active drops to 0
+	idleClosed   bool
 }
 
 // NewClient returns a client that uses pool. It does no I/O: the database
@@ -224,19 +234,26 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if cfg.Hooks != nil {
 		hooks = hookChain{tel, cfg.Hooks}
 	}
+	queues, err := checkQueues(cfg.Queues, cfg.Workflows)
+	if err != nil {
+		return nil, err
+	}
 	var inline chan struct{}
 	if cfg.MaxInline > 0 {
 		inline = make(chan struct{}, cfg.MaxInline)
 	}
 	c := &Client{
 		pool: pool, cfg: cfg, workflows: cfg.Workflows, logger: cfg.Logger, executions: map[*execution]struct{}{}, inline: inline,
-		tel: tel, hooks: hooks, passed: make(chan struct{}, 1),
+		tel: tel, hooks: hooks, ready: make(chan struct{}, 1), queues: queues, queueRunning: map[string]int{},
 		// An executor paused inside a phase's transaction (a "zombie") may
 		// hold the run's row lock, and a takeover would wait on it for as
 		// long as the pause lasts. Postgres ends a session idle in a
 		// transaction for StaleAfter; the zombie's commit then fails. Sent
 		// with BEGIN as one simple-protocol message: no extra round trip.
 		beginPhase: fmt.Sprintf("BEGIN; SET LOCAL idle_in_transaction_session_timeout = %d", cfg.StaleAfter.Milliseconds()),
+	}
+	for _, q := range cfg.Queues {
+		c.queueOrder = append(c.queueOrder, q.Name)
 	}
 	c.commits = &coalescer{pool: pool, window: cfg.CommitWindow, executing: &c.executing}
 	if cfg.RunGauges {

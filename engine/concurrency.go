@@ -186,20 +186,11 @@ func (c *Client) PassFreeSlots(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-// SlotPassed rings when an execution in this client gave up a concurrency
-// slot (its run finished, or parked releasing it): the slot passed to the
-// key's oldest queued run, which is due now. A worker polls at once on it
-// rather than at its next interval; other processes find the run at
-// theirs.
-func (c *Client) SlotPassed() <-chan struct{} { return c.passed }
-
-// gaveUpSlot rings SlotPassed if the execution's run held a slot.
+// gaveUpSlot rings Ready if the execution's run held a slot (it passed
+// to the key's oldest queued run, which is due now) or started from a
+// queue (its room there is free).
 func (ex *execution) gaveUpSlot() {
-	if !ex.run.HoldsSlot {
-		return
-	}
-	select {
-	case ex.c.passed <- struct{}{}:
-	default:
+	if ex.run.HoldsSlot || ex.run.Queue != nil {
+		ex.c.ring()
 	}
 }

@@ -62,18 +62,22 @@ func (c *Client) ClaimDue(ctx context.Context, limit int) ([]*Run, error) {
 	for _, run := range runs {
 		run.claimSent = sent
 		c.countTakeover(ctx, run)
+		c.countStarted(run, 1) // a run of a queue, resumed
 	}
 	return runs, nil
 }
 
-// Continue executes a run that ClaimDue claimed for this client, from its
+// Continue executes a run that ClaimDue or ClaimQueued claimed for this client, from its
 // recovery point until it concludes, and returns the run as the execution
 // left it. Once Shutdown has begun it executes nothing: it hands the run
 // over at once, so that another process continues it without waiting for
 // the lease to expire, and returns ErrShutdown.
 func (c *Client) Continue(ctx context.Context, run *Run) (*Run, error) {
 	if !c.holds(run) {
-		return nil, errors.New("engine: Continue needs a run claimed by this client's ClaimDue")
+		return nil, errors.New("engine: Continue needs a run claimed by this client's ClaimDue or ClaimQueued")
+	}
+	if run.startedHere {
+		defer c.countStarted(run, -1)
 	}
 	done, draining := c.admit()
 	defer done()

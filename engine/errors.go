@@ -25,6 +25,10 @@ var (
 	// ErrUnknownWorkflow means no workflow of that name is registered.
 	ErrUnknownWorkflow = errors.New("engine: unknown workflow")
 
+	// ErrUnknownQueue means a workflow or a start names a queue the
+	// client's Config.Queues does not declare.
+	ErrUnknownQueue = errors.New("engine: unknown queue")
+
 	// ErrInvalidKey means an idempotency key is empty, too long or holds
 	// characters that are not allowed.
 	ErrInvalidKey = errors.New("engine: invalid idempotency key")

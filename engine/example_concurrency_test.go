@@ -60,7 +60,7 @@ func ExampleConcurrency() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	<-client.SlotPassed() // a worker polls at once on it
+	<-client.Ready() // a worker polls at once on it
 	fmt.Println(done.Status, done.HoldsSlot)
 	next, err := client.TakeOver(ctx, second.ID)
 	if err != nil {

@@ -83,6 +83,11 @@ func executionFrom(ctx context.Context) (*execution, error) {
 // retry, or, when ctx ends or the lease is lost, left as it stands for
 // another executor. It returns the run's state as this execution left it.
 func (c *Client) execute(ctx context.Context, def definition, run *Run, journal []Phase) (*Run, error) {
+	if run.waitsInQueue() {
+		// Claimed by a TakeOver before its queue started it: only the
+		// queue starts a run.
+		return c.requeue(ctx, run)
+	}
 	if run.needsSlot() {
 		// Before anything of the run executes; a queued run's execution
 		// ends here, its lease released.

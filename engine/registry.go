@@ -70,6 +70,19 @@ func (r *Workflows) lookupVersion(name string, ver int) (definition, error) {
 	return def, nil
 }
 
+// all returns every registered definition.
+func (r *Workflows) all() []definition {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []definition
+	for _, versions := range r.defs {
+		for _, def := range versions {
+			out = append(out, def)
+		}
+	}
+	return out
+}
+
 // Has reports whether a workflow named name is registered, in any version.
 func (r *Workflows) Has(name string) bool {
 	r.mu.RLock()

@@ -100,6 +100,12 @@ type Run struct {
 	// the moment it takes one, before anything of it executes, until it
 	// finishes (or parks, releasing it).
 	HoldsSlot bool `db:"holds_slot"`
+	// Queue is the queue the run waits in or started from (see Queue),
+	// Priority its place there (higher first), and QueueStartedAt when it
+	// left it; nil for a run in no queue, or one still waiting.
+	Queue          *string    `db:"queue"`
+	Priority       int        `db:"priority"`
+	QueueStartedAt *time.Time `db:"queue_started_at"`
 	// Blocked says what an unfinished run waits for and what will move
 	// it. Set by GetRun's siblings that read it (Why, ListRuns); nil
 	// elsewhere and for a finished run.
@@ -111,6 +117,9 @@ type Run struct {
 	// expiry counts from, so the executor's own bound on its lease (see
 	// heartbeat) is never later than the database's.
 	claimSent time.Time
+	// startedHere marks a run this client started from its queue, counted
+	// among the queue's runs executing here until its execution ends.
+	startedHere bool
 }
 
 // Wait describes what a run is parked for.
@@ -145,6 +154,8 @@ type Wait struct {
 	// when a slot passes to it.
 	Key    string `json:"key,omitempty"`
 	Resume *Wait  `json:"resume,omitempty"`
+	// Queue is the queue a run waits in before it starts (KindQueue).
+	Queue string `json:"queue,omitempty"`
 	// Resolved is set by Reopen: an operator has seen the parked phase and
 	// asks for it to be tried again (a compensation) or called again (a
 	// step past its key window).
@@ -156,7 +167,7 @@ const runColumns = `id, tenant, idempotency_key, workflow, workflow_version, inp
 	status, recovery_point, lease_owner, lease_token, lease_expires_at, attempt, next_attempt_at,
 	output, error, response_status, traceparent, created_at, updated_at, finished_at, expires_at,
 	cancel_requested_at, due_at, waiting_for, pivot, error_streak, key_format,
-	concurrency_key, concurrency_limit, holds_slot`
+	concurrency_key, concurrency_limit, holds_slot, queue, priority, queue_started_at`
 
 // dbtx is what both a pool and a transaction offer.
 type dbtx interface {
@@ -268,6 +279,9 @@ const (
 	// KindConcurrency is never journaled: it is the Wait.Kind of a run
 	// queued for a slot of its concurrency key.
 	KindConcurrency PhaseKind = "concurrency"
+	// KindQueue is no phase either: the wait of a run in its queue, before
+	// it starts.
+	KindQueue PhaseKind = "queue"
 )
 
 // Phase is one committed entry of a run's journal.

@@ -43,6 +43,13 @@ type StartParams struct {
 	// fingerprint: a retry that names another key attaches to the run.
 	ConcurrencyKey   string
 	ConcurrencyLimit int
+	// Queue, if set, is the queue the run waits in before it starts, in
+	// place of the workflow's (WorkflowOpts.Queue); Priority its place
+	// there, higher first (runs of one priority start in creation order).
+	// A run in a queue executes nothing inline: Start returns it waiting.
+	// Neither is part of the request's fingerprint.
+	Queue    string
+	Priority int
 }
 
 // Outcome says what Start found for the idempotency key.
@@ -231,6 +238,10 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 	if err != nil {
 		return nil, err
 	}
+	queue, err := c.runQueue(def, p)
+	if err != nil {
+		return nil, err
+	}
 	fp := fingerprint(def.Name(), input)
 
 	var db dbtx = c.pool
@@ -241,6 +252,10 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 	// once, unless MaxInline executions are in progress: then it is born
 	// unleased and due, for a worker.
 	lease, slot := tx == nil, func() {}
+	if queue != nil {
+		// Born waiting in its queue: the queue starts it.
+		lease, execute = false, false
+	}
 	if execute && c.inline != nil {
 		select {
 		case c.inline <- struct{}{}:
@@ -252,7 +267,7 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 	// A key pruned between the INSERT's conflict and the lookup is free
 	// again; try once more rather than report a run that no longer exists.
 	for range 3 {
-		run, created, err := c.claimKey(ctx, db, def, p, input, fp, lease, ckey, climit)
+		run, created, err := c.claimKey(ctx, db, def, p, input, fp, lease, runPlace{ckey, climit, queue})
 		if err != nil {
 			slot()
 			return nil, err
@@ -260,6 +275,9 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, def definition, p StartPa
 		if created {
 			c.tel.runsStarted.Add(ctx, 1, metric.WithAttributes(attrWorkflow.String(def.Name())))
 			res := &StartResult{Outcome: OutcomeCreated, Run: run}
+			if queue != nil && tx == nil {
+				c.ring() // (a transaction's run is not there until it commits)
+			}
 			if !execute {
 				return res, nil
 			}
@@ -301,7 +319,8 @@ func existingOutcome(lr *leasedRun, fp []byte) (*StartResult, error) {
 // leased to the caller ($10, for $11), which is how Start claims it and
 // executes it in the same breath; otherwise it is born pending and unleased.
 // A run with a concurrency key ($13, limit $14) is born holding no slot:
-// its execution takes one first.
+// its execution takes one first. A run with a queue ($15, priority $16) is
+// born unleased and waiting in it, until the queue starts it.
 //
 // The key's uniqueness is runs_request_unique's, over the request's digest
 // (migration 0013). ON CONFLICT names no index: until the contract
@@ -311,20 +330,29 @@ func existingOutcome(lr *leasedRun, fp []byte) (*StartResult, error) {
 const claimKeySQL = `
 INSERT INTO ratchet.runs (id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
 	traceparent, status, lease_owner, lease_token, lease_expires_at, attempt, key_format,
-	concurrency_key, concurrency_limit)
+	concurrency_key, concurrency_limit, queue, priority, waiting_for)
 SELECT $1, $2, $3, $4, $5, $6, $7, nullif($8, ''),
 	CASE WHEN $9 THEN 'running' ELSE 'pending' END,
 	CASE WHEN $9 THEN $10 END,
 	CASE WHEN $9 THEN 1 ELSE 0 END,
 	CASE WHEN $9 THEN now() + $11::interval END,
 	CASE WHEN $9 THEN 1 ELSE 0 END,
-	$12::smallint, $13, $14
+	$12::smallint, $13, $14, $15::text, $16::integer,
+	CASE WHEN $15::text IS NOT NULL THEN jsonb_build_object('kind', 'queue', 'queue', $15::text) END
 ON CONFLICT DO NOTHING
 RETURNING ` + runColumns
 
-func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartParams, input, fp []byte, lease bool, ckey *string, climit *int) (*Run, bool, error) {
+// runPlace is where a new run executes: its concurrency key and limit,
+// and its queue; nil for none.
+type runPlace struct {
+	key   *string
+	limit *int
+	queue *string
+}
+
+func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartParams, input, fp []byte, lease bool, place runPlace) (*Run, bool, error) {
 	args := []any{ulid.Make().String(), p.Tenant, p.IdempotencyKey, def.Name(), def.version(), input, fp,
-		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter, c.cfg.KeyFormat, ckey, climit}
+		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter, c.cfg.KeyFormat, place.key, place.limit, place.queue, p.Priority}
 	var (
 		run *Run
 		ok  bool

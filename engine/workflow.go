@@ -64,6 +64,10 @@ type WorkflowOpts struct {
 	// Concurrency limits how many runs of one key execute at once; runs
 	// over the limit queue (see Concurrency). Nil: no limit.
 	Concurrency *Concurrency
+	// Queue names the queue the workflow's runs wait in before they start
+	// (see Queue); it must be declared in the Config.Queues of the clients
+	// that start them. Empty: none, the runs start at once.
+	Queue string
 }
 
 // Default response statuses (see WorkflowOpts).
@@ -84,6 +88,7 @@ type Workflow[In, Out any] struct {
 	successStatus int
 	errorStatuses map[string]int
 	conc          *Concurrency // nil: none
+	queueName     string       // "": none
 	fn            func(context.Context, In) (Out, error)
 }
 
@@ -101,6 +106,8 @@ type definition interface {
 	responseStatus(status Status, err *RunError) *int
 	// concurrency is the workflow's concurrency declaration, or nil.
 	concurrency() *Concurrency
+	// queue is the queue the workflow's runs wait in, or "".
+	queue() string
 	// checkInput reports whether JSON input decodes into the input type.
 	checkInput(input []byte) error
 	// invoke decodes the input, runs the workflow and encodes its output.
@@ -113,6 +120,7 @@ func (w *Workflow[In, Out]) version() int              { return w.ver }
 func (w *Workflow[In, Out]) draining() bool            { return w.drain }
 func (w *Workflow[In, Out]) retryPolicy() *RetryPolicy { return w.retry }
 func (w *Workflow[In, Out]) concurrency() *Concurrency { return w.conc }
+func (w *Workflow[In, Out]) queue() string             { return w.queueName }
 
 func (w *Workflow[In, Out]) ttl(status Status) *time.Duration {
 	d := w.retention
@@ -221,6 +229,10 @@ func Register[In, Out any](r *Workflows, name string, fn func(ctx context.Contex
 		}
 		w.conc = &c
 	}
+	if opts.Queue != "" && !validName(opts.Queue) {
+		return nil, fmt.Errorf("engine: workflow %q: queue name %q: want 1..255 letters, digits, '.', '-' or '_'", name, opts.Queue)
+	}
+	w.queueName = opts.Queue
 	switch {
 	case !validName(name):
 		return nil, fmt.Errorf("engine: workflow name %q: want 1..255 letters, digits, '.', '-' or '_'", name)

@@ -192,8 +192,9 @@ func (r *Recoverer) loop(ctx context.Context) {
 			return
 		case <-timer.C:
 		case <-freed:
-		case <-r.engine.SlotPassed():
-			// A run queued for a concurrency slot is due now.
+		case <-r.engine.Ready():
+			// A run queued for a concurrency slot is due now, or a
+			// queue has a run waiting or room freed.
 		}
 		if time.Since(announced) >= r.cfg.AnnounceInterval {
 			if err := r.engine.Announce(ctx, 3*r.cfg.AnnounceInterval); err != nil && ctx.Err() == nil {
@@ -241,6 +242,18 @@ func (r *Recoverer) poll(ctx context.Context) (claimed, free int, err error) {
 	}
 	for _, run := range runs {
 		r.execute(run)
+	}
+	if len(runs) < free {
+		// The slots left go to runs waiting in queues, as their room
+		// allows.
+		queued, err := r.engine.ClaimQueued(ctx, free-len(runs))
+		for _, run := range queued {
+			r.execute(run)
+		}
+		runs = append(runs, queued...)
+		if err != nil {
+			return len(runs), free, err
+		}
 	}
 	return len(runs), free, nil
 }
