@@ -338,6 +338,11 @@ func (h *Handler) startRun(w http.ResponseWriter, r *http.Request, tenant string
 		writeProblem(w, problem{Status: http.StatusBadRequest, Code: "invalid_concurrency", Title: "Ratchet-Concurrency-Key or -Limit invalid", Detail: err.Error()})
 		return
 	}
+	queue, priority, err := queueHeaders(r.Header)
+	if err != nil {
+		writeProblem(w, problem{Status: http.StatusBadRequest, Code: "invalid_queue", Title: "Ratchet-Queue or -Priority invalid", Detail: err.Error()})
+		return
+	}
 	wait := h.cfg.DefaultWait
 	if d, ok := preferredWait(r.Header.Values("Prefer")); ok {
 		wait = min(d, h.cfg.MaxWait)
@@ -363,7 +368,7 @@ func (h *Handler) startRun(w http.ResponseWriter, r *http.Request, tenant string
 		// The run's traceparent is the request span's (the engine reads it
 		// from the context), so resumed executions link to this request.
 		Workflow: workflow, IdempotencyKey: key, Input: body, Tenant: tenant, Wait: wait,
-		ConcurrencyKey: concKey, ConcurrencyLimit: concLimit,
+		ConcurrencyKey: concKey, ConcurrencyLimit: concLimit, Queue: queue, Priority: priority,
 	})
 	if res == nil {
 		h.fail(w, r, err)

@@ -105,6 +105,47 @@ func concurrencyHeaders(h http.Header) (key string, limit int, err error) {
 	return key, limit, nil
 }
 
+// queueHeaders reads the optional Ratchet-Queue (a queue's name) and
+// Ratchet-Priority (a whole number, higher first) of a start: the queue the
+// run waits in, in place of its workflow's, and its place there
+// (engine.StartParams). A queue the server does not declare is the
+// engine's to refuse.
+func queueHeaders(h http.Header) (queue string, priority int, err error) {
+	switch values := h.Values("Ratchet-Queue"); len(values) {
+	case 0:
+	case 1:
+		if queue = strings.TrimSpace(values[0]); !validQueueName(queue) {
+			return "", 0, fmt.Errorf("Ratchet-Queue %q: want 1..255 letters, digits, '.', '-' or '_'", values[0])
+		}
+	default:
+		return "", 0, fmt.Errorf("%d Ratchet-Queue headers; send one", len(values))
+	}
+	switch values := h.Values("Ratchet-Priority"); len(values) {
+	case 0:
+	case 1:
+		n, err := strconv.ParseInt(strings.TrimSpace(values[0]), 10, 32)
+		if err != nil {
+			return "", 0, fmt.Errorf("Ratchet-Priority %q: want a whole number (higher starts first)", values[0])
+		}
+		priority = int(n)
+	default:
+		return "", 0, fmt.Errorf("%d Ratchet-Priority headers; send one", len(values))
+	}
+	return queue, priority, nil
+}
+
+func validQueueName(s string) bool {
+	if len(s) == 0 || len(s) > 255 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
 // preferredWait reads "Prefer: wait=N" (RFC 7240) in seconds. ok is false
 // when the header asks for no wait.
 func preferredWait(values []string) (wait time.Duration, ok bool) {

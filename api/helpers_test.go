@@ -150,7 +150,9 @@ func setup(t testing.TB, cfg *api.Config) *testBundle {
 	}, &engine.WorkflowOpts{ErrorStatuses: map[string]int{"account_closed": http.StatusConflict}})
 	require.NoError(t, err)
 
-	b.engine, err = engine.NewClient(b.pool, &engine.Config{Workflows: workflows, StaleAfter: 30 * time.Second})
+	// A start may name the queue "outbound" (no worker here starts it).
+	b.engine, err = engine.NewClient(b.pool, &engine.Config{Workflows: workflows, StaleAfter: 30 * time.Second,
+		Queues: []engine.Queue{{Name: "outbound", Concurrency: 1, Rate: engine.Rate{Limit: 10, Period: time.Minute}}}})
 	require.NoError(t, err)
 	if cfg == nil {
 		cfg = &api.Config{}

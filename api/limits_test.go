@@ -93,3 +93,79 @@ func TestAQueuedRunShowsItsKeyAndWhoHoldsTheSlot(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM ratchet.runs WHERE idempotency_key = 'bad'`).Scan(&runs))
 	require.Zero(t, runs, "a bad start creates no run")
 }
+
+// A start may put its run in a declared queue, at a priority: it is
+// answered 202 waiting there, and the run resource says where. An unknown
+// queue or a malformed header is a 400 that creates nothing.
+func TestAStartCanWaitInAQueueAtAPriority(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.start(t, "echo", "q-1", `{"value": "x"}`, "Ratchet-Queue", "outbound", "Ratchet-Priority", "7")
+	require.Equal(t, http.StatusAccepted, r.status, "%s", r)
+	var started struct {
+		ID string `json:"id"`
+	}
+	require.NoError(t, json.Unmarshal(r.body, &started))
+	var run struct {
+		Status string `json:"status"`
+		Queue  *struct {
+			Name      string  `json:"name"`
+			Priority  int     `json:"priority"`
+			StartedAt *string `json:"started_at"`
+		} `json:"queue"`
+		WaitingFor struct {
+			Kind  string `json:"kind"`
+			Queue string `json:"queue"`
+		} `json:"waiting_for"`
+		Blocked struct {
+			Reason     string `json:"reason"`
+			Queue      string `json:"queue"`
+			Priority   int    `json:"priority"`
+			Detail     string `json:"detail"`
+			QueueState *struct {
+				Concurrency int `json:"concurrency"`
+				Ahead       int `json:"ahead"`
+			} `json:"queue_state"`
+		} `json:"blocked"`
+	}
+	got := b.do(t, http.MethodGet, "/v1/runs/"+started.ID, "")
+	require.NoError(t, json.Unmarshal(got.body, &run), "%s", got)
+	require.Equal(t, "pending", run.Status)
+	require.NotNil(t, run.Queue)
+	require.Equal(t, "outbound", run.Queue.Name)
+	require.Equal(t, 7, run.Queue.Priority)
+	require.Nil(t, run.Queue.StartedAt)
+	require.Equal(t, "queue", run.WaitingFor.Kind)
+	require.Equal(t, "outbound", run.WaitingFor.Queue)
+	require.Equal(t, "queued", run.Blocked.Reason)
+	require.Equal(t, 7, run.Blocked.Priority)
+	require.Contains(t, run.Blocked.Detail, `waiting in queue "outbound" (priority 7)`)
+	require.Zero(t, b.executions.Load(), "nothing executed inline")
+
+	listed := b.do(t, http.MethodGet, "/v1/runs?blocked=queued", "")
+	require.Equal(t, http.StatusOK, listed.status, "%s", listed)
+	require.Contains(t, string(listed.body), started.ID)
+
+	for _, bad := range []struct {
+		headers []string
+		code    string
+	}{
+		{[]string{"Ratchet-Queue", "nowhere"}, "unknown_queue"},
+		{[]string{"Ratchet-Queue", "two words"}, "invalid_queue"},
+		{[]string{"Ratchet-Queue", "outbound", "Ratchet-Queue", "outbound"}, "invalid_queue"},
+		{[]string{"Ratchet-Queue", "outbound", "Ratchet-Priority", "high"}, "invalid_queue"},
+		{[]string{"Ratchet-Queue", "outbound", "Ratchet-Priority", "99999999999"}, "invalid_queue"},
+		{[]string{"Ratchet-Priority", "3"}, "invalid_input"},
+	} {
+		r := b.start(t, "echo", "bad-q", `{"value": "x"}`, bad.headers...)
+		require.Equal(t, http.StatusBadRequest, r.status, "%v: %s", bad.headers, r)
+		var p struct {
+			Code string `json:"code"`
+		}
+		require.NoError(t, json.Unmarshal(r.body, &p))
+		require.Equal(t, bad.code, p.Code, "%v: %s", bad.headers, r)
+	}
+	var runs int
+	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM ratchet.runs WHERE idempotency_key = 'bad-q'`).Scan(&runs))
+	require.Zero(t, runs, "a bad start creates no run")
+}

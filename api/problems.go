@@ -51,6 +51,7 @@ var errorStatuses = []struct {
 	{engine.ErrUnknownWorkflow, http.StatusNotFound, "unknown_workflow", "No such workflow"},
 	{engine.ErrInvalidKey, http.StatusBadRequest, codeInvalidKey, "Invalid Idempotency-Key"},
 	{engine.ErrInvalidInput, http.StatusBadRequest, "invalid_input", "The input does not fit the workflow"},
+	{engine.ErrUnknownQueue, http.StatusBadRequest, "unknown_queue", "No such queue"},
 	{engine.ErrFingerprintMismatch, http.StatusUnprocessableEntity, "idempotency_key_reused", "Idempotency-Key already used for a different request"},
 	{engine.ErrLeaseHeld, http.StatusConflict, codeInProgress, "The run is in progress"},
 	{engine.ErrRunNotFound, http.StatusNotFound, "run_not_found", "No such run"},

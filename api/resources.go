@@ -35,6 +35,9 @@ type runResource struct {
 	// Concurrency is the key whose slots the run executes in, and whether
 	// it holds one now (engine.Concurrency).
 	Concurrency *concurrencyResource `json:"concurrency,omitempty"`
+	// Queue is the queue the run waits in or started from, its priority
+	// there and when it started (engine.Queue).
+	Queue *queueResource `json:"queue,omitempty"`
 	// ErrorStreak counts the retryable failures in a row with the same
 	// error.
 	ErrorStreak int `json:"error_streak,omitempty"`
@@ -54,12 +57,21 @@ type concurrencyResource struct {
 	HoldsSlot bool `json:"holds_slot"`
 }
 
+type queueResource struct {
+	Name     string `json:"name"`
+	Priority int    `json:"priority"`
+	// StartedAt is when the run left the queue; absent while it waits.
+	StartedAt *time.Time `json:"started_at,omitempty"`
+}
+
 type waitResource struct {
 	Kind  engine.PhaseKind `json:"kind"`
 	Phase string           `json:"phase"`
 	Until *time.Time       `json:"until,omitempty"`
 	// Key is the concurrency key a queued run waits for a slot of.
 	Key string `json:"key,omitempty"`
+	// Queue is the queue a run waits in before it starts.
+	Queue string `json:"queue,omitempty"`
 	// What a run parked for an operator needs (engine.Wait).
 	Reason       string           `json:"reason,omitempty"`
 	Error        *engine.RunError `json:"error,omitempty"`
@@ -106,11 +118,14 @@ func newRunResource(r *engine.Run, phases []engine.Phase) runResource {
 		res.ErrorStreak = r.ErrorStreak
 	}
 	if w := r.WaitingFor; w != nil && !r.Status.Finished() {
-		res.WaitingFor = &waitResource{Kind: w.Kind, Phase: w.Phase, Until: utc(w.Until), Key: w.Key, Reason: w.Reason, Error: w.Error,
+		res.WaitingFor = &waitResource{Kind: w.Kind, Phase: w.Phase, Until: utc(w.Until), Key: w.Key, Queue: w.Queue, Reason: w.Reason, Error: w.Error,
 			ChildKey: w.ChildKey, FirstAttempt: utc(w.FirstAttempt), KeyWindow: w.KeyWindow.Seconds(), Resolved: w.Resolved}
 	}
 	if r.ConcurrencyKey != nil && r.ConcurrencyLimit != nil {
 		res.Concurrency = &concurrencyResource{Key: *r.ConcurrencyKey, Limit: *r.ConcurrencyLimit, HoldsSlot: r.HoldsSlot}
+	}
+	if r.Queue != nil {
+		res.Queue = &queueResource{Name: *r.Queue, Priority: r.Priority, StartedAt: utc(r.QueueStartedAt)}
 	}
 	if r.LeaseExpiresAt != nil {
 		res.Lease = &leaseResource{Token: r.LeaseToken, ExpiresAt: utc(r.LeaseExpiresAt)}

@@ -113,8 +113,14 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 			ID string `json:"id"`
 		}](t, r).ID)
 	}
+	// A run waiting in a queue.
+	r = b.start(t, "echo", "in-queue", `{"value":"y"}`, "Authorization", "Bearer tok", "Ratchet-Queue", "outbound", "Ratchet-Priority", "4")
+	require.Equal(t, http.StatusAccepted, r.status, "%s", r)
+	inQueueID := decode[struct {
+		ID string `json:"id"`
+	}](t, r).ID
 	require.NoError(t, b.engine.Announce(context.Background(), time.Minute))
-	const all = 10
+	const all = 11
 
 	rows := func(sel string) int {
 		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](fmt.Sprintf(`document.querySelectorAll(%q).length`, sel)))
@@ -250,6 +256,13 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	click(`#holders a`)
 	require.Eventually(t, func() bool { return text(`#run-id`) == queuedIDs[0] }, patience, 50*time.Millisecond)
 	require.Contains(t, text(`#concurrency`), "holds a slot")
+
+	// A run waiting in a queue: the queue, its priority, why it waits.
+	open(inQueueID)
+	require.Eventually(t, func() bool { return attr(t, ctx, `#why`, "data-reason") == "queued" }, patience, 50*time.Millisecond)
+	require.Contains(t, text(`#queue`), "outbound")
+	require.Contains(t, text(`#queue`), "priority 4 · waiting in it")
+	require.Contains(t, text(`#why`), "0 of its 1 running")
 
 	// A compensated saga: the cause, the decision and each undo on the
 	// timeline.

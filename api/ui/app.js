@@ -6,7 +6,7 @@
 const base = location.pathname.replace(/\/ui\/.*$/, "");
 const app = document.getElementById("app");
 const statuses = ["", "pending", "running", "waiting", "compensating", "succeeded", "failed", "cancelled", "compensated"];
-const reasons = ["", "executing", "due", "backing_off", "timer", "signal", "unserved", "compensating", "compensation_stuck", "needs_reconciliation", "concurrency", "cancel_pending"];
+const reasons = ["", "executing", "due", "backing_off", "timer", "signal", "unserved", "compensating", "compensation_stuck", "needs_reconciliation", "concurrency", "queued", "rate_limited", "cancel_pending"];
 let poll = null;
 let lastAction = ""; // what the last action on the run page answered
 let armedCancel = null; // the run whose Cancel button was clicked once: a second click cancels it
@@ -193,7 +193,10 @@ function runView(run, reload) {
       run.pivot ? [h("span", {class: "muted"}, "Pivot"), h("span", {}, run.pivot + " (committed: it only goes forward)")] : [],
       run.concurrency ? [h("span", {class: "muted"}, "Concurrency"), h("span", {id: "concurrency"},
         h("span", {class: "mono"}, run.concurrency.key), " · limit " + run.concurrency.limit +
-        (run.finished_at ? "" : run.concurrency.holds_slot ? " · holds a slot" : " · holds no slot"))] : []),
+        (run.finished_at ? "" : run.concurrency.holds_slot ? " · holds a slot" : " · holds no slot"))] : [],
+      run.queue ? [h("span", {class: "muted"}, "Queue"), h("span", {id: "queue"},
+        h("span", {class: "mono"}, run.queue.name), " · priority " + run.queue.priority +
+        (run.queue.started_at ? " · started " + fmtTime(run.queue.started_at) : " · waiting in it"))] : []),
     whyBox(run),
     actions(run, reload),
     h("p", {id: "action-result", class: "muted"}, lastAction)));
