@@ -17,11 +17,48 @@ import (
 
 // benchCmd groups the benchmarks; "ratchet bench" alone is engines.
 type benchCmd struct {
-	Engines   benchEnginesCmd   `cmd:"" default:"withargs" help:"Runs per second, round trips, commits and WAL of a plain engine against a worker's (the default)."`
-	History   benchHistoryCmd   `cmd:"" help:"WAL, full-page images and bytes per run as history grows, seeding the history by SQL."`
-	Commits   benchCommitsCmd   `cmd:"" help:"Phase commits per second with commit coalescing off and on, against one durable transaction per phase."`
-	Retention benchRetentionCmd `cmd:"" help:"Prune rate at volume, and the hot path's rate with no pruning, paced pruning and pruning flat out."`
-	Scale     benchScaleCmd     `cmd:"" help:"Payments over HTTP to 1, 2 and 4 ratchet serve processes against one Postgres: throughput, latency, and where the ceiling is."`
+	Engines     benchEnginesCmd     `cmd:"" default:"withargs" help:"Runs per second, round trips, commits and WAL of a plain engine against a worker's (the default)."`
+	History     benchHistoryCmd     `cmd:"" help:"WAL, full-page images and bytes per run as history grows, seeding the history by SQL."`
+	Commits     benchCommitsCmd     `cmd:"" help:"Phase commits per second with commit coalescing off and on, against one durable transaction per phase."`
+	Retention   benchRetentionCmd   `cmd:"" help:"Prune rate at volume, and the hot path's rate with no pruning, paced pruning and pruning flat out."`
+	Scale       benchScaleCmd       `cmd:"" help:"Payments over HTTP to 1, 2 and 4 ratchet serve processes against one Postgres: throughput, latency, and where the ceiling is."`
+	Concurrency benchConcurrencyCmd `cmd:"" help:"Runs over many keys with a per-key limit and through a rate-limited queue: throughput and how closely the limits held; and what the feature costs a run that declares none."`
+}
+
+type benchConcurrencyCmd struct {
+	dbFlags
+	Runs      int           `name:"runs" default:"10000" help:"Limited runs started."`
+	Keys      int           `name:"keys" default:"100" help:"Concurrency keys they are spread over."`
+	Limit     int           `name:"limit" default:"1" help:"Each key's limit."`
+	Callers   int           `name:"callers" default:"16" help:"Callers starting runs at once."`
+	Work      time.Duration `name:"work" default:"2ms" help:"How long a run holds its slot between its two steps."`
+	QueueRuns int           `name:"queue-runs" default:"3000" help:"Runs through a queue with a rate limit; 0 skips it."`
+	QueueRate int           `name:"queue-rate" default:"200" help:"The queue's rate limit, in starts a second."`
+	HotRuns   int           `name:"hot-runs" default:"2000" help:"Runs per measurement of the hot path with no limit declared."`
+	HotRounds int           `name:"hot-rounds" default:"5" help:"Measurements of the hot path per configuration, in turn; 0 skips it."`
+}
+
+// Run measures per-key concurrency in a database of its own, created on
+// the server of --database-url and dropped afterwards.
+func (c *benchConcurrencyCmd) Run(e *env) error {
+	if c.Runs < 1 || c.Keys < 1 || c.Limit < 1 || c.Callers < 1 || c.Work <= 0 || c.HotRuns < 1 || c.HotRounds < 0 || c.QueueRuns < 0 || c.QueueRate < 1 {
+		return fmt.Errorf("--runs, --keys, --limit, --callers, --work, --queue-rate and --hot-runs must be positive, --queue-runs and --hot-rounds not negative")
+	}
+	pool, counter, done, err := scratchDatabase(e, &c.dbFlags, int32(c.Callers)+8) // the worker's poll and River's connections
+	if err != nil {
+		return err
+	}
+	defer done()
+	hotRounds, queueRuns := c.HotRounds, c.QueueRuns
+	if hotRounds == 0 {
+		hotRounds = -1
+	}
+	if queueRuns == 0 {
+		queueRuns = -1
+	}
+	return bench.Concurrency(e.ctx, pool, counter, bench.ConcurrencyOptions{
+		Runs: c.Runs, Keys: c.Keys, Limit: c.Limit, Callers: c.Callers, Work: c.Work, QueueRuns: queueRuns, QueueRate: c.QueueRate, HotRuns: c.HotRuns, HotRounds: hotRounds,
+	}, e.stdout, e.stderr)
 }
 
 type benchRetentionCmd struct {

@@ -23,7 +23,7 @@ type cli struct {
 	Worker  workerCmd  `cmd:"" help:"Run a worker only: resume crashed and retried runs, prune, deliver receipts."`
 	Migrate migrateCmd `cmd:"" help:"Apply Ratchet's and River's migrations to the database."`
 	Fakes   fakesCmd   `cmd:"" help:"Run the fake payment gateway and mail service as their own process."`
-	Bench   benchCmd   `cmd:"" help:"Benchmarks in a scratch database: engines (the default: a plain engine against a worker's), history, commits, retention, scale."`
+	Bench   benchCmd   `cmd:"" help:"Benchmarks in a scratch database: engines (the default: a plain engine against a worker's), history, commits, retention, scale, concurrency."`
 	Chaos   chaosCmd   `cmd:"" help:"Break real servers on this machine and count what survived: failover (a standby promoted mid-load)."`
 
 	Runs        runsCmd        `cmd:"" help:"Look at runs and act on them, over the API (--server, RATCHET_TOKEN): list, show, why, cancel, resume, signal."`

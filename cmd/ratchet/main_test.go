@@ -281,6 +281,23 @@ func TestBenchCommitsComparesCoalescingWithTheBareTransaction(t *testing.T) {
 	require.Contains(t, errOut, "--window")
 }
 
+// bench concurrency keeps the limit it declares: the workflow itself never
+// sees two runs of a key at once, and every run succeeds.
+func TestBenchConcurrencyKeepsTheLimitAndMeasuresTheHotPath(t *testing.T) {
+	t.Parallel()
+	code, out, errOut := runMain(t, "bench", "concurrency", "--database-url", testdb.NewURL(t),
+		"--runs", "200", "--keys", "5", "--callers", "8", "--work", "5ms", "--queue-runs", "60", "--queue-rate", "20", "--hot-runs", "40", "--hot-rounds", "1")
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `(?m)^\s+200\s+\S+\s+\S+\s+\d+\s+0\s+1\s+[01] \(\d+ samples\)\s+\d+\.\d\d\s+\d+\.\d\d\s*$`, out,
+		"all succeeded, at most one of a key at once")
+	require.Regexp(t, `(?m)^\s+60\s+\S+\s+\d+\s+\d+\s+([1-9]|1\d|20)\s+20\s+0\s*$`, out, "the queue's runs all succeed, never more than 20 starting in a second")
+	require.Regexp(t, `(?m)^\s+triggers on\s+\d+\s+\S+\s+\S+\s+\d+\.\d\d\s+\d+\.\d\d\s+\d\.\d{3} \(`, out)
+	require.Regexp(t, `(?m)^\s+triggers off\s+\d+\s+`, out)
+	code, _, errOut = runMain(t, "bench", "concurrency", "--database-url", testdb.NewURL(t), "--limit", "0")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "--limit")
+}
+
 // bench retention seeds expired runs and measures the hot path under each
 // pruning mode; flat out, the pruner deletes every expired run.
 func TestBenchRetentionPrunesWhileTheHotPathRuns(t *testing.T) {

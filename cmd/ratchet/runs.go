@@ -127,22 +127,32 @@ func cmpOr(ss ...string) string {
 
 // runJSON is what the CLI reads of a run resource.
 type runJSON struct {
-	ID                string          `json:"id"`
-	Workflow          string          `json:"workflow"`
-	WorkflowVersion   int             `json:"workflow_version"`
-	IdempotencyKey    string          `json:"idempotency_key"`
-	Status            string          `json:"status"`
-	RecoveryPoint     string          `json:"recovery_point"`
-	Attempt           int             `json:"attempt"`
-	Output            json.RawMessage `json:"output"`
-	Error             *errorJSON      `json:"error"`
-	Blocked           *blockedJSON    `json:"blocked"`
-	Cancellation      string          `json:"cancellation"`
-	CreatedAt         time.Time       `json:"created_at"`
-	UpdatedAt         time.Time       `json:"updated_at"`
-	FinishedAt        *time.Time      `json:"finished_at"`
-	CancelRequestedAt *time.Time      `json:"cancel_requested_at"`
-	Phases            []phaseJSON     `json:"phases"`
+	ID              string          `json:"id"`
+	Workflow        string          `json:"workflow"`
+	WorkflowVersion int             `json:"workflow_version"`
+	IdempotencyKey  string          `json:"idempotency_key"`
+	Status          string          `json:"status"`
+	RecoveryPoint   string          `json:"recovery_point"`
+	Attempt         int             `json:"attempt"`
+	Output          json.RawMessage `json:"output"`
+	Error           *errorJSON      `json:"error"`
+	Blocked         *blockedJSON    `json:"blocked"`
+	Concurrency     *struct {
+		Key       string `json:"key"`
+		Limit     int    `json:"limit"`
+		HoldsSlot bool   `json:"holds_slot"`
+	} `json:"concurrency"`
+	Queue *struct {
+		Name      string     `json:"name"`
+		Priority  int        `json:"priority"`
+		StartedAt *time.Time `json:"started_at"`
+	} `json:"queue"`
+	Cancellation      string      `json:"cancellation"`
+	CreatedAt         time.Time   `json:"created_at"`
+	UpdatedAt         time.Time   `json:"updated_at"`
+	FinishedAt        *time.Time  `json:"finished_at"`
+	CancelRequestedAt *time.Time  `json:"cancel_requested_at"`
+	Phases            []phaseJSON `json:"phases"`
 }
 
 type errorJSON struct {
@@ -151,10 +161,11 @@ type errorJSON struct {
 }
 
 type blockedJSON struct {
-	Reason string     `json:"reason"`
-	Detail string     `json:"detail"`
-	Since  *time.Time `json:"since"`
-	Until  *time.Time `json:"until"`
+	Reason  string     `json:"reason"`
+	Detail  string     `json:"detail"`
+	Since   *time.Time `json:"since"`
+	Until   *time.Time `json:"until"`
+	Holders []string   `json:"holders"`
 }
 
 type phaseJSON struct {
@@ -241,6 +252,20 @@ func (c *runsShowCmd) Run(e *env) error {
 	}
 	fmt.Fprintf(e.stdout, "run %s  %s@%d  key %s\n", r.ID, r.Workflow, r.WorkflowVersion, r.IdempotencyKey)
 	fmt.Fprintf(e.stdout, "status %s, attempt %d, recovery point %s, created %s\n", r.Status, r.Attempt, r.RecoveryPoint, r.CreatedAt.UTC().Format(time.RFC3339))
+	if c := r.Concurrency; c != nil {
+		slot := "holds no slot"
+		if c.HoldsSlot {
+			slot = "holds a slot"
+		}
+		fmt.Fprintf(e.stdout, "concurrency key %s, limit %d, %s\n", c.Key, c.Limit, slot)
+	}
+	if q := r.Queue; q != nil {
+		state := "waiting in it"
+		if q.StartedAt != nil {
+			state = "started from it " + q.StartedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(e.stdout, "queue %s, priority %d, %s\n", q.Name, q.Priority, state)
+	}
 	printWhy(e, &r)
 	if r.Error != nil {
 		fmt.Fprintf(e.stdout, "error %s: %s\n", r.Error.Code, r.Error.Message)
@@ -305,6 +330,9 @@ func printWhy(e *env, r *runJSON) {
 		line += fmt.Sprintf(" (since %s, %s ago)", b.Since.UTC().Format(time.RFC3339), ago(*b.Since))
 	}
 	fmt.Fprintln(e.stdout, line)
+	if len(b.Holders) > 0 {
+		fmt.Fprintf(e.stdout, "  the key's slots are held by %s\n", strings.Join(b.Holders, ", "))
+	}
 }
 
 type runsCancelCmd struct {

@@ -46,7 +46,12 @@ func startOpsServer(t *testing.T) *opsServer {
 		return "shipped", nil
 	}, &engine.WorkflowOpts{Retry: &engine.RetryPolicy{InitialInterval: time.Hour, MaxInterval: time.Hour}})
 	require.NoError(t, err)
-	c, err := engine.NewClient(pool, &engine.Config{Workflows: workflows})
+	// One at a time: a run parks holding the slot, the next queues.
+	_, err = engine.Register(workflows, "serial", func(ctx context.Context, _ string) (string, error) {
+		return engine.Await[string](ctx, "approved", nil)
+	}, &engine.WorkflowOpts{Concurrency: &engine.Concurrency{Limit: 1}})
+	require.NoError(t, err)
+	c, err := engine.NewClient(pool, &engine.Config{Workflows: workflows, Queues: []engine.Queue{{Name: "ops", Concurrency: 1}}})
 	require.NoError(t, err)
 	h, err := api.New(&api.Config{Engine: c, Tokens: map[string]string{"s3cret": "default"}})
 	require.NoError(t, err)
@@ -136,6 +141,43 @@ func TestRunsCommandsAgainstARealServer(t *testing.T) {
 	out, _, code = s.runs(t, "resume", s.ids["declined"])
 	require.Equal(t, 0, code)
 	require.Contains(t, out, "resumed")
+}
+
+func TestRunsShowAndWhyNameAConcurrencyKeyAndItsHoldersOrAQueue(t *testing.T) {
+	t.Parallel()
+	s := startOpsServer(t)
+	ctx := context.Background()
+	start := func(key string) string {
+		res, err := s.engine.Start(ctx, engine.StartParams{Workflow: "serial", IdempotencyKey: key, Input: []byte(`""`)})
+		require.NoError(t, err)
+		return res.Run.ID
+	}
+	holder, queued := start("serial-1"), start("serial-2")
+
+	out, errOut, code := s.runs(t, "show", holder)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "concurrency key serial, limit 1, holds a slot")
+	out, _, code = s.runs(t, "show", queued)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "concurrency key serial, limit 1, holds no slot")
+	out, _, code = s.runs(t, "why", queued)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, queued+`: concurrency — queued for a slot of concurrency key "serial" (limit 1)`)
+	require.Contains(t, out, "the key's slots are held by "+holder)
+	out, _, code = s.runs(t, "list", "--blocked", "concurrency")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, queued)
+	require.NotContains(t, out, holder)
+
+	res, err := s.engine.Start(ctx, engine.StartParams{Workflow: "order", IdempotencyKey: "in-queue", Input: []byte(`"fine"`), Queue: "ops", Priority: 2})
+	require.NoError(t, err)
+	out, _, code = s.runs(t, "show", res.Run.ID)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "queue ops, priority 2, waiting in it")
+	out, _, code = s.runs(t, "why", res.Run.ID)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, res.Run.ID+`: queued — waiting in queue "ops" (priority 2)`)
+	require.Contains(t, out, "0 of its 1 running, 0 waiting ahead of this run")
 }
 
 func TestRunsCommandsSayWhatWentWrongInOneLine(t *testing.T) {
