@@ -170,6 +170,13 @@ func New(cfg *Config) (*Handler, error) {
 	route("POST /v1/runs/{id}/resume", h.authed(h.resumeRun))
 	route("POST /v1/runs/{id}/signals/{name}", h.authed(h.signalRun))
 	route("POST /v1/signals/{name}", h.authed(h.signalByKey))
+	route("GET /v1/schedules", h.authed(h.listSchedules))
+	route("GET /v1/schedules/{name}", h.authed(h.getSchedule))
+	route("PUT /v1/schedules/{name}", h.authed(h.putSchedule))
+	route("DELETE /v1/schedules/{name}", h.authed(h.deleteSchedule))
+	route("POST /v1/schedules/{name}/pause", h.authed(h.pauseSchedule(true)))
+	route("POST /v1/schedules/{name}/resume", h.authed(h.pauseSchedule(false)))
+	route("POST /v1/schedules/{name}/trigger", h.authed(h.triggerSchedule))
 	route("GET /ui/", uiHandler(prefix))
 	route("GET /ui", http.RedirectHandler(prefix+"/ui/", http.StatusMovedPermanently))
 

@@ -52,6 +52,8 @@ var errorStatuses = []struct {
 	{engine.ErrInvalidKey, http.StatusBadRequest, codeInvalidKey, "Invalid Idempotency-Key"},
 	{engine.ErrInvalidInput, http.StatusBadRequest, "invalid_input", "The input does not fit the workflow"},
 	{engine.ErrUnknownQueue, http.StatusBadRequest, "unknown_queue", "No such queue"},
+	{engine.ErrInvalidSchedule, http.StatusBadRequest, "invalid_schedule", "The schedule is not valid"},
+	{engine.ErrScheduleNotFound, http.StatusNotFound, "schedule_not_found", "No such schedule"},
 	{engine.ErrFingerprintMismatch, http.StatusUnprocessableEntity, "idempotency_key_reused", "Idempotency-Key already used for a different request"},
 	{engine.ErrLeaseHeld, http.StatusConflict, codeInProgress, "The run is in progress"},
 	{engine.ErrRunNotFound, http.StatusNotFound, "run_not_found", "No such run"},

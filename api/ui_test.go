@@ -312,6 +312,22 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 		return run.Attempt == 2 && run.Status == engine.StatusFailed
 	}, patience, 20*time.Millisecond)
 
+	// The schedules page: a schedule put over the API, paused and
+	// triggered with its buttons.
+	put := b.do(t, http.MethodPut, "/v1/schedules/nightly", `{"cron": "0 2 * * *", "time_zone": "Europe/Paris", "workflow": "echo", "input": {"value": "nightly"}}`,
+		"Authorization", "Bearer tok", "Content-Type", "application/json")
+	require.Equal(t, http.StatusOK, put.status, "%s", put)
+	click(`#nav-schedules`)
+	require.Eventually(t, func() bool { return rows(`tr.schedule-row[data-name="nightly"][data-paused="0"]`) == 1 }, patience, 50*time.Millisecond)
+	require.Contains(t, text(`tr.schedule-row[data-name="nightly"]`), "0 2 * * * (Europe/Paris)")
+	click(`tr.schedule-row[data-name="nightly"] button.toggle`)
+	require.Eventually(t, func() bool { return rows(`tr.schedule-row[data-name="nightly"][data-paused="1"]`) == 1 }, patience, 50*time.Millisecond)
+	require.Equal(t, "Paused nightly.", text(`#schedule-result`))
+	click(`tr.schedule-row[data-name="nightly"] button.trigger`)
+	require.Eventually(t, func() bool { return strings.HasPrefix(text(`#schedule-result`), "Triggered nightly: run ") }, patience, 50*time.Millisecond)
+	require.Contains(t, text(`#schedule-result`), "(succeeded)")
+	require.Equal(t, 1, b.counter(t, "nightly"), "one run for the trigger")
+
 	require.Empty(t, consoleProblems(), "no console errors or exceptions")
 }
 

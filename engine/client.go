@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -115,6 +116,11 @@ type Config struct {
 	// is refused (ErrUnknownQueue).
 	Queues []Queue
 
+	// Schedules declares schedules in code (see Schedule): each is
+	// checked by NewClient and put by DeclareSchedules, which a worker
+	// calls as it starts.
+	Schedules []Schedule
+
 	// Logger receives the engine's logs. Defaults to discarding them.
 	Logger *slog.Logger
 }
@@ -122,6 +128,7 @@ type Config struct {
 // withDefaults returns a copy of c with every unset field at its default.
 func (c *Config) withDefaults() *Config {
 	out := *c
+	out.Schedules = slices.Clone(c.Schedules) // filled in with their defaults
 	if out.ID == "" {
 		host, _ := os.Hostname()
 		out.ID = host + ":" + strconv.Itoa(os.Getpid()) + ":" + ulid.Make().String()[20:]
@@ -237,6 +244,15 @@ func NewClient(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	queues, err := checkQueues(cfg.Queues, cfg.Workflows)
 	if err != nil {
 		return nil, err
+	}
+	for i := range cfg.Schedules {
+		s := &cfg.Schedules[i]
+		if _, err := s.check(); err != nil {
+			return nil, err
+		}
+		if !cfg.Workflows.Has(s.Workflow) {
+			return nil, fmt.Errorf("%w %q: workflow %q is not registered", ErrInvalidSchedule, s.Name, s.Workflow)
+		}
 	}
 	var inline chan struct{}
 	if cfg.MaxInline > 0 {

@@ -29,6 +29,14 @@ var (
 	// client's Config.Queues does not declare.
 	ErrUnknownQueue = errors.New("engine: unknown queue")
 
+	// ErrInvalidSchedule means a schedule's declaration is not one: a bad
+	// cron expression, time zone, interval or policy, an unknown workflow,
+	// an input that does not fit it.
+	ErrInvalidSchedule = errors.New("engine: invalid schedule")
+
+	// ErrScheduleNotFound means no schedule has the given name.
+	ErrScheduleNotFound = errors.New("engine: schedule not found")
+
 	// ErrInvalidKey means an idempotency key is empty, too long or holds
 	// characters that are not allowed.
 	ErrInvalidKey = errors.New("engine: invalid idempotency key")

@@ -178,6 +178,11 @@ func (r *Recoverer) loop(ctx context.Context) {
 	defer close(r.loopDone)
 	backlog := false
 	var announced time.Time
+	// Schedules: declared (Config.Schedules) until that succeeds, then
+	// ticked when the earliest tick falls due — and at every announcement,
+	// for schedules other processes put meanwhile.
+	declared := false
+	var nextTick time.Time
 	timer := time.NewTimer(0) // the first poll is at once
 	defer timer.Stop()
 	// timer.Reset below is safe whether or not the timer fired: since Go
@@ -208,6 +213,27 @@ func (r *Recoverer) loop(ctx context.Context) {
 				r.logger.WarnContext(ctx, "recovery: passing free concurrency slots failed; will try again", slog.String("error", err.Error()))
 			} else if n > 0 {
 				r.logger.InfoContext(ctx, "recovery: passed free concurrency slots to queued runs", slog.Int("runs", n))
+			}
+			if !declared {
+				if err := r.engine.DeclareSchedules(ctx); err != nil && ctx.Err() == nil {
+					r.logger.WarnContext(ctx, "recovery: declaring this process's schedules failed; will try again", slog.String("error", err.Error()))
+				} else {
+					declared = true
+				}
+			}
+			nextTick = time.Time{} // look again
+		}
+		if !time.Now().Before(nextTick) {
+			n, next, err := r.engine.TickSchedules(ctx)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				r.logger.WarnContext(ctx, "recovery: ticking schedules failed; will try again", slog.String("error", err.Error()))
+			case n > 0:
+				r.logger.InfoContext(ctx, "recovery: started the runs of schedules' ticks", slog.Int("runs", n))
+			}
+			nextTick = next
+			if next.IsZero() || err != nil {
+				nextTick = time.Now().Add(r.cfg.AnnounceInterval)
 			}
 		}
 		claimed, free, err := r.poll(ctx)

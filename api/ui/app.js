@@ -1,5 +1,6 @@
-// The operator's page: a runs list with filters, and a run's page with
-// its phase timeline, what it waits for, and the actions on it. It talks
+// The operator's page: a runs list with filters, a run's page with its
+// phase timeline, what it waits for, and the actions on it, and the
+// schedules with theirs. It talks
 // to the same API as any client, with the same bearer token.
 "use strict";
 
@@ -310,6 +311,70 @@ function timeline(run) {
   return h("div", {class: "timeline", id: "timeline"}, legend, rows);
 }
 
+// ---- schedules ----
+
+// triggerKey is the idempotency key of the next trigger of a schedule:
+// kept until a trigger is answered, so that a click retried after a lost
+// answer starts no second run.
+const triggerKeys = {};
+function triggerKey(name) {
+  if (!triggerKeys[name]) triggerKeys[name] = "ui-" + Date.now().toString(36) + "-" + Math.random().toString(36).slice(2, 10);
+  return triggerKeys[name];
+}
+
+async function renderSchedules() {
+  const holder = h("div", {id: "schedules"}, h("p", {class: "muted"}, "Loading…"));
+  const result = h("p", {id: "schedule-result", class: "muted"}, lastAction);
+  app.replaceChildren(h("h2", {}, "Schedules"), holder, result);
+  const act = (fn) => async (e) => {
+    e.target.disabled = true;
+    try {
+      lastAction = await fn();
+    } catch (err) {
+      lastAction = "Failed: " + err.message;
+    }
+    result.textContent = lastAction;
+    await load();
+  };
+  const load = async () => {
+    try {
+      const page = await api("GET", "/v1/schedules");
+      holder.replaceChildren(schedulesTable(page.data || [], act));
+    } catch (err) {
+      holder.replaceChildren(showError(err));
+    }
+  };
+  await load();
+  poll = setInterval(load, 3000);
+}
+
+function schedulesTable(schedules, act) {
+  if (schedules.length === 0) return h("p", {class: "muted", id: "empty"}, "No schedules. Put one with PUT /v1/schedules/{name} or ratchet schedules put.");
+  const timing = (s) => s.cron ? s.cron + " (" + (s.time_zone || "UTC") + ")" : "every " + fmtDuration(s.every * 1000);
+  return h("table", {},
+    h("thead", {}, h("tr", {}, ["Schedule", "Timing", "Workflow", "Next tick", "Started", "Skipped", "Last run", "Policies", ""].map((t) => h("th", {}, t)))),
+    h("tbody", {}, schedules.map((s) => h("tr", {class: "schedule-row", dataset: {name: s.name, paused: s.paused ? "1" : "0"}},
+      h("td", {class: "mono"}, s.name),
+      h("td", {class: "mono"}, timing(s)),
+      h("td", {}, s.workflow),
+      h("td", {}, s.paused ? badge("paused") : fmtTime(s.next_tick_at)),
+      h("td", {}, s.started),
+      h("td", {}, s.skipped),
+      h("td", {class: "id"}, s.last_run_id ? h("a", {href: "#/runs/" + s.last_run_id, class: "last-run"}, s.last_run_id) : h("span", {class: "muted"}, "—")),
+      h("td", {class: "muted"}, "catch-up " + s.catch_up + " · overlap " + s.overlap),
+      h("td", {},
+        h("button", {class: "secondary toggle", onclick: act(async () => {
+          await api("POST", "/v1/schedules/" + encodeURIComponent(s.name) + (s.paused ? "/resume" : "/pause"));
+          return s.paused ? "Resumed " + s.name + "." : "Paused " + s.name + ".";
+        })}, s.paused ? "Resume" : "Pause"),
+        " ",
+        h("button", {class: "trigger", onclick: act(async () => {
+          const r = await api("POST", "/v1/schedules/" + encodeURIComponent(s.name) + "/trigger", {headers: {"Idempotency-Key": triggerKey(s.name)}});
+          delete triggerKeys[s.name];
+          return "Triggered " + s.name + ": run " + r.id + " (" + r.status + ").";
+        })}, "Trigger now"))))));
+}
+
 // ---- routing ----
 
 function route() {
@@ -319,6 +384,7 @@ function route() {
   const m = location.hash.match(/^#\/runs\/([^?]+)/);
   document.getElementById("token").value = token();
   if (m) renderRun(decodeURIComponent(m[1]));
+  else if (location.hash.startsWith("#/schedules")) renderSchedules();
   else renderList();
 }
 

@@ -27,6 +27,7 @@ type cli struct {
 	Chaos   chaosCmd   `cmd:"" help:"Break real servers on this machine and count what survived: failover (a standby promoted mid-load)."`
 
 	Runs        runsCmd        `cmd:"" help:"Look at runs and act on them, over the API (--server, RATCHET_TOKEN): list, show, why, cancel, resume, signal."`
+	Schedules   schedulesCmd   `cmd:"" help:"Look at schedules and act on them, over the API: list, show, put, pause, resume, trigger, delete."`
 	CheckDeploy checkDeployCmd `cmd:"" name:"check-deploy" help:"The deploy gate: replay every run in flight against this build's workflows, writing nothing; exit 1 if any cannot be finished by it."`
 }
 
