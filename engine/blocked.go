@@ -44,6 +44,8 @@ const (
 	BlockedExecuting BlockedReason = "executing"
 	// BlockedTimer: the run sleeps until Until.
 	BlockedTimer BlockedReason = "timer"
+	// BlockedChild: the run awaits a child run (Child) to finish.
+	BlockedChild BlockedReason = "child"
 	// BlockedSignal: the run awaits a signal (Signal, CorrelationKey;
 	// Until its timeout, if any).
 	BlockedSignal BlockedReason = "signal"
@@ -62,7 +64,7 @@ const (
 func BlockedReasons() []BlockedReason {
 	return []BlockedReason{
 		BlockedCompensationStuck, BlockedNeedsReconciliation, BlockedConcurrency, BlockedQueued, BlockedRateLimited, BlockedCompensating, BlockedCancelPending,
-		BlockedExecuting, BlockedTimer, BlockedSignal, BlockedUnserved, BlockedBackingOff, BlockedDue,
+		BlockedExecuting, BlockedTimer, BlockedChild, BlockedSignal, BlockedUnserved, BlockedBackingOff, BlockedDue,
 	}
 }
 
@@ -81,6 +83,7 @@ const blockedReasonSQL = `(CASE
 	WHEN r.cancel_requested_at IS NOT NULL THEN 'cancel_pending'
 	WHEN r.lease_expires_at > now() THEN 'executing'
 	WHEN r.status = 'waiting' AND r.waiting_for->>'kind' = 'sleep' AND r.next_attempt_at > now() THEN 'timer'
+	WHEN r.status = 'waiting' AND r.waiting_for->>'kind' = 'await_child' AND r.next_attempt_at IS NULL THEN 'child'
 	WHEN r.status = 'waiting' AND r.waiting_for->>'kind' = 'signal' AND (r.next_attempt_at IS NULL OR r.next_attempt_at > now()) THEN 'signal'
 	WHEN NOT EXISTS (SELECT 1 FROM ratchet.processes p
 		WHERE p.expires_at > now() AND r.workflow || '@' || r.workflow_version = ANY(p.serves)) THEN 'unserved'
@@ -119,6 +122,8 @@ type Blocked struct {
 	Holders        []string `json:"holders,omitempty"`
 	// Queue is the queue a run waits in, Priority its place there, and
 	// QueueState what Why read of the queue (a listing does not).
+	// Child is the child run a parent awaits.
+	Child      string      `json:"child,omitempty"`
 	Queue      string      `json:"queue,omitempty"`
 	Priority   int         `json:"priority,omitempty"`
 	QueueState *QueueState `json:"queue_state,omitempty"`
@@ -175,6 +180,9 @@ func describe(run *Run, reason BlockedReason) *Blocked {
 		// waiting_for repeats it.
 		b.Phase, b.Until = w.Phase, cmp.Or(run.NextAttemptAt, w.Until)
 		b.Detail = fmt.Sprintf("sleeping at %s until %s", w.Phase, b.Until.UTC().Format(time.RFC3339))
+	case BlockedChild:
+		b.Phase, b.Child = w.Phase, w.Child
+		b.Detail = fmt.Sprintf("awaiting child run %s at %s: its finish wakes this run", w.Child, w.Phase)
 	case BlockedSignal:
 		b.Phase, b.Signal, b.CorrelationKey, b.Until = w.Phase, w.Signal, w.CorrelationKey, w.Until
 		b.Detail = fmt.Sprintf("awaiting signal %q", w.Signal)

@@ -49,6 +49,16 @@ func TestEveryBlockedReasonFromARealSituation(t *testing.T) {
 	reg("serial", func(ctx context.Context, _ struct{}) (string, error) {
 		return engine.Await[string](ctx, "approved", nil)
 	}, &engine.WorkflowOpts{Concurrency: &engine.Concurrency{Limit: 1}})
+	reg("kid", func(ctx context.Context, _ struct{}) (string, error) {
+		return engine.Await[string](ctx, "never", nil)
+	}, nil)
+	reg("parent", func(ctx context.Context, _ struct{}) (string, error) {
+		id, err := engine.StartChild(ctx, "kid", "kid", struct{}{}, nil)
+		if err != nil {
+			return "", err
+		}
+		return engine.AwaitChild[string](ctx, "kid.done", id)
+	}, nil)
 	reg("quick", func(ctx context.Context, _ struct{}) (string, error) { return "done", nil }, nil)
 	reg("unknown", func(ctx context.Context, _ struct{}) (string, error) {
 		return engine.Step(ctx, "charged", func(ctx context.Context, _ steps.Key) (string, error) {
@@ -157,6 +167,17 @@ func TestEveryBlockedReasonFromARealSituation(t *testing.T) {
 	require.Equal(t, "held", w.Queue)
 	require.Zero(t, w.QueueState.Ahead)
 
+	parent := finished("parent", "parent")
+	kids, err := b.c.Children(ctx, parent.ID)
+	require.NoError(t, err)
+	require.Len(t, kids, 1)
+	_, err = b.c.TakeOver(ctx, kids[0].ID) // as a worker would: it parks for its signal
+	require.NoError(t, err)
+	w = why(parent.ID)
+	require.Equal(t, engine.BlockedChild, w.Reason)
+	require.Equal(t, kids[0].ID, w.Child)
+	require.Equal(t, "kid.done", w.Phase)
+
 	unknown := finished("unknown", "unknown")
 	w = why(unknown.ID)
 	require.Equal(t, engine.BlockedNeedsReconciliation, w.Reason)
@@ -196,13 +217,13 @@ func TestEveryBlockedReasonFromARealSituation(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[engine.BlockedReason]int{
 		engine.BlockedExecuting: 1, engine.BlockedCancelPending: 1, engine.BlockedDue: 1, engine.BlockedBackingOff: 1,
-		engine.BlockedTimer: 1, engine.BlockedSignal: 2, engine.BlockedNeedsReconciliation: 1,
+		engine.BlockedTimer: 1, engine.BlockedSignal: 3, engine.BlockedNeedsReconciliation: 1, engine.BlockedChild: 1,
 		engine.BlockedCompensating: 1, engine.BlockedCompensationStuck: 1, engine.BlockedConcurrency: 1,
 		engine.BlockedQueued: 1, engine.BlockedRateLimited: 1,
 	}, summary.ByReason)
 	require.Positive(t, summary.OldestDue)
 	require.Equal(t, 2, summary.LongestStreak)
-	require.Len(t, engine.BlockedReasons(), 13)
+	require.Len(t, engine.BlockedReasons(), 14)
 }
 
 // The run gauges report what BlockedSummary counts.

@@ -106,6 +106,8 @@ type Run struct {
 	Queue          *string    `db:"queue"`
 	Priority       int        `db:"priority"`
 	QueueStartedAt *time.Time `db:"queue_started_at"`
+	// ParentRunID is the run whose StartChild phase started this one.
+	ParentRunID *string `db:"parent_run_id"`
 	// Blocked says what an unfinished run waits for and what will move
 	// it. Set by GetRun's siblings that read it (Why, ListRuns); nil
 	// elsewhere and for a finished run.
@@ -156,6 +158,8 @@ type Wait struct {
 	Resume *Wait  `json:"resume,omitempty"`
 	// Queue is the queue a run waits in before it starts (KindQueue).
 	Queue string `json:"queue,omitempty"`
+	// Child is the child run an AwaitChild waits for (KindAwaitChild).
+	Child string `json:"child,omitempty"`
 	// Resolved is set by Reopen: an operator has seen the parked phase and
 	// asks for it to be tried again (a compensation) or called again (a
 	// step past its key window).
@@ -167,7 +171,7 @@ const runColumns = `id, tenant, idempotency_key, workflow, workflow_version, inp
 	status, recovery_point, lease_owner, lease_token, lease_expires_at, attempt, next_attempt_at,
 	output, error, response_status, traceparent, created_at, updated_at, finished_at, expires_at,
 	cancel_requested_at, due_at, waiting_for, pivot, error_streak, key_format,
-	concurrency_key, concurrency_limit, holds_slot, queue, priority, queue_started_at`
+	concurrency_key, concurrency_limit, holds_slot, queue, priority, queue_started_at, parent_run_id`
 
 // dbtx is what both a pool and a transaction offer.
 type dbtx interface {
@@ -276,6 +280,10 @@ const (
 	KindReconcile PhaseKind = "reconcile"
 	// KindPatch marks a run that took a patched path (Patched).
 	KindPatch PhaseKind = "patch"
+	// KindStartChild starts a child run (StartChild); KindAwaitChild
+	// parks the run until a child finishes, then commits how it ended.
+	KindStartChild PhaseKind = "start_child"
+	KindAwaitChild PhaseKind = "await_child"
 	// KindConcurrency is never journaled: it is the Wait.Kind of a run
 	// queued for a slot of its concurrency key.
 	KindConcurrency PhaseKind = "concurrency"

@@ -50,6 +50,9 @@ type StartParams struct {
 	// Neither is part of the request's fingerprint.
 	Queue    string
 	Priority int
+
+	// parent is the run a StartChild phase starts this one from.
+	parent string
 }
 
 // Outcome says what Start found for the idempotency key.
@@ -320,7 +323,8 @@ func existingOutcome(lr *leasedRun, fp []byte) (*StartResult, error) {
 // executes it in the same breath; otherwise it is born pending and unleased.
 // A run with a concurrency key ($13, limit $14) is born holding no slot:
 // its execution takes one first. A run with a queue ($15, priority $16) is
-// born unleased and waiting in it, until the queue starts it.
+// born unleased and waiting in it, until the queue starts it. $17 is the
+// parent run of a child.
 //
 // The key's uniqueness is runs_request_unique's, over the request's digest
 // (migration 0013). ON CONFLICT names no index: until the contract
@@ -330,7 +334,7 @@ func existingOutcome(lr *leasedRun, fp []byte) (*StartResult, error) {
 const claimKeySQL = `
 INSERT INTO ratchet.runs (id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint,
 	traceparent, status, lease_owner, lease_token, lease_expires_at, attempt, key_format,
-	concurrency_key, concurrency_limit, queue, priority, waiting_for)
+	concurrency_key, concurrency_limit, queue, priority, waiting_for, parent_run_id)
 SELECT $1, $2, $3, $4, $5, $6, $7, nullif($8, ''),
 	CASE WHEN $9 THEN 'running' ELSE 'pending' END,
 	CASE WHEN $9 THEN $10 END,
@@ -338,7 +342,8 @@ SELECT $1, $2, $3, $4, $5, $6, $7, nullif($8, ''),
 	CASE WHEN $9 THEN now() + $11::interval END,
 	CASE WHEN $9 THEN 1 ELSE 0 END,
 	$12::smallint, $13, $14, $15::text, $16::integer,
-	CASE WHEN $15::text IS NOT NULL THEN jsonb_build_object('kind', 'queue', 'queue', $15::text) END
+	CASE WHEN $15::text IS NOT NULL THEN jsonb_build_object('kind', 'queue', 'queue', $15::text) END,
+	nullif($17, '')
 ON CONFLICT DO NOTHING
 RETURNING ` + runColumns
 
@@ -352,7 +357,7 @@ type runPlace struct {
 
 func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartParams, input, fp []byte, lease bool, place runPlace) (*Run, bool, error) {
 	args := []any{ulid.Make().String(), p.Tenant, p.IdempotencyKey, def.Name(), def.version(), input, fp,
-		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter, c.cfg.KeyFormat, place.key, place.limit, place.queue, p.Priority}
+		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter, c.cfg.KeyFormat, place.key, place.limit, place.queue, p.Priority, p.parent}
 	var (
 		run *Run
 		ok  bool
