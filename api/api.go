@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -510,6 +511,16 @@ func (h *Handler) getRun(w http.ResponseWriter, r *http.Request, tenant string) 
 	}
 	res := newRunResource(run, phases)
 	res.Input = run.Input // the run's page shows it; a start's answer does not
+	if slices.ContainsFunc(phases, func(p engine.Phase) bool { return p.Kind == engine.KindStartChild }) {
+		children, err := h.engine.Children(r.Context(), run.ID)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		for _, c := range children {
+			res.Children = append(res.Children, childResource{ID: c.ID, Workflow: c.Workflow, Status: c.Status})
+		}
+	}
 	writeJSON(w, http.StatusOK, res)
 }
 

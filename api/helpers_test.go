@@ -98,6 +98,16 @@ func setup(t testing.TB, cfg *api.Config) *testBundle {
 		return engine.Await[echoIn](ctx, "approved", &engine.AwaitOpts{CorrelationKey: in.Value})
 	}, nil)
 	require.NoError(t, err)
+	// "family" starts an "echo" child and awaits it (no worker here
+	// executes the child: the parent stays parked).
+	_, err = engine.Register(workflows, "family", func(ctx context.Context, in echoIn) (echoIn, error) {
+		id, err := engine.StartChild(ctx, "kid", "echo", echoIn{Value: in.Value + "-kid"}, nil)
+		if err != nil {
+			return in, err
+		}
+		return engine.AwaitChild[echoIn](ctx, "kid.done", id)
+	}, nil)
+	require.NoError(t, err)
 	_, err = engine.Register(workflows, "nap", func(ctx context.Context, in echoIn) (echoIn, error) {
 		return in, engine.Sleep(ctx, "napped", time.Hour)
 	}, nil)

@@ -169,3 +169,49 @@ func TestAStartCanWaitInAQueueAtAPriority(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(t.Context(), `SELECT count(*) FROM ratchet.runs WHERE idempotency_key = 'bad-q'`).Scan(&runs))
 	require.Zero(t, runs, "a bad start creates no run")
 }
+
+// A parent's resource lists its children; a child's names its parent;
+// the parent's wait names the child.
+func TestARunShowsItsParentAndChildren(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	r := b.start(t, "family", "fam-1", `{"value": "f"}`)
+	require.Equal(t, http.StatusAccepted, r.status, "%s", r)
+	type runJSON struct {
+		ID          string  `json:"id"`
+		Status      string  `json:"status"`
+		ParentRunID *string `json:"parent_run_id"`
+		Children    []struct {
+			ID       string `json:"id"`
+			Workflow string `json:"workflow"`
+			Status   string `json:"status"`
+		} `json:"children"`
+		WaitingFor struct {
+			Kind  string `json:"kind"`
+			Child string `json:"child"`
+		} `json:"waiting_for"`
+		Blocked struct {
+			Reason string `json:"reason"`
+		} `json:"blocked"`
+	}
+	var started runJSON
+	require.NoError(t, json.Unmarshal(r.body, &started))
+	var parent runJSON
+	got := b.do(t, http.MethodGet, "/v1/runs/"+started.ID, "")
+	require.NoError(t, json.Unmarshal(got.body, &parent), "%s", got)
+	require.Equal(t, "waiting", parent.Status)
+	require.Nil(t, parent.ParentRunID)
+	require.Len(t, parent.Children, 1)
+	require.Equal(t, "echo", parent.Children[0].Workflow)
+	require.Equal(t, "pending", parent.Children[0].Status)
+	require.Equal(t, "await_child", parent.WaitingFor.Kind)
+	require.Equal(t, parent.Children[0].ID, parent.WaitingFor.Child)
+	require.Equal(t, "child", parent.Blocked.Reason)
+
+	var child runJSON
+	got = b.do(t, http.MethodGet, "/v1/runs/"+parent.Children[0].ID, "")
+	require.NoError(t, json.Unmarshal(got.body, &child), "%s", got)
+	require.NotNil(t, child.ParentRunID)
+	require.Equal(t, started.ID, *child.ParentRunID)
+	require.Empty(t, child.Children)
+}

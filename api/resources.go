@@ -38,6 +38,10 @@ type runResource struct {
 	// Queue is the queue the run waits in or started from, its priority
 	// there and when it started (engine.Queue).
 	Queue *queueResource `json:"queue,omitempty"`
+	// ParentRunID is the run that started this one as its child;
+	// Children the runs this one started (GET /v1/runs/{id} only).
+	ParentRunID *string         `json:"parent_run_id,omitempty"`
+	Children    []childResource `json:"children,omitempty"`
 	// ErrorStreak counts the retryable failures in a row with the same
 	// error.
 	ErrorStreak int `json:"error_streak,omitempty"`
@@ -57,6 +61,12 @@ type concurrencyResource struct {
 	HoldsSlot bool `json:"holds_slot"`
 }
 
+type childResource struct {
+	ID       string        `json:"id"`
+	Workflow string        `json:"workflow"`
+	Status   engine.Status `json:"status"`
+}
+
 type queueResource struct {
 	Name     string `json:"name"`
 	Priority int    `json:"priority"`
@@ -72,6 +82,8 @@ type waitResource struct {
 	Key string `json:"key,omitempty"`
 	// Queue is the queue a run waits in before it starts.
 	Queue string `json:"queue,omitempty"`
+	// Child is the child run an await_child phase waits for.
+	Child string `json:"child,omitempty"`
 	// What a run parked for an operator needs (engine.Wait).
 	Reason       string           `json:"reason,omitempty"`
 	Error        *engine.RunError `json:"error,omitempty"`
@@ -118,12 +130,13 @@ func newRunResource(r *engine.Run, phases []engine.Phase) runResource {
 		res.ErrorStreak = r.ErrorStreak
 	}
 	if w := r.WaitingFor; w != nil && !r.Status.Finished() {
-		res.WaitingFor = &waitResource{Kind: w.Kind, Phase: w.Phase, Until: utc(w.Until), Key: w.Key, Queue: w.Queue, Reason: w.Reason, Error: w.Error,
+		res.WaitingFor = &waitResource{Kind: w.Kind, Phase: w.Phase, Until: utc(w.Until), Key: w.Key, Queue: w.Queue, Child: w.Child, Reason: w.Reason, Error: w.Error,
 			ChildKey: w.ChildKey, FirstAttempt: utc(w.FirstAttempt), KeyWindow: w.KeyWindow.Seconds(), Resolved: w.Resolved}
 	}
 	if r.ConcurrencyKey != nil && r.ConcurrencyLimit != nil {
 		res.Concurrency = &concurrencyResource{Key: *r.ConcurrencyKey, Limit: *r.ConcurrencyLimit, HoldsSlot: r.HoldsSlot}
 	}
+	res.ParentRunID = r.ParentRunID
 	if r.Queue != nil {
 		res.Queue = &queueResource{Name: *r.Queue, Priority: r.Priority, StartedAt: utc(r.QueueStartedAt)}
 	}

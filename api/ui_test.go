@@ -119,8 +119,17 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	inQueueID := decode[struct {
 		ID string `json:"id"`
 	}](t, r).ID
+	// A parent awaiting its child (two runs).
+	r = b.start(t, "family", "fam-1", `{"value":"f"}`, "Authorization", "Bearer tok")
+	require.Equal(t, http.StatusAccepted, r.status, "%s", r)
+	familyID := decode[struct {
+		ID string `json:"id"`
+	}](t, r).ID
+	kids, err := b.engine.Children(context.Background(), familyID)
+	require.NoError(t, err)
+	require.Len(t, kids, 1)
 	require.NoError(t, b.engine.Announce(context.Background(), time.Minute))
-	const all = 11
+	const all = 13
 
 	rows := func(sel string) int {
 		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](fmt.Sprintf(`document.querySelectorAll(%q).length`, sel)))
@@ -180,8 +189,8 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	require.NoError(t, chromedp.Do(ctx, chromedp.SetValue(chromedp.CSS(`#filter-status`), "waiting")))
 	click(`#apply`)
 	require.NoError(t, chromedp.Do(ctx, chromedp.WaitNotPresent(chromedp.CSS(`tr.run-row[data-status="succeeded"]`))))
-	require.Eventually(t, func() bool { return rows(`tr.run-row`) == 3 }, patience, 50*time.Millisecond)
-	require.Equal(t, 3, rows(`tr.run-row[data-status="waiting"]`))
+	require.Eventually(t, func() bool { return rows(`tr.run-row`) == 4 }, patience, 50*time.Millisecond)
+	require.Equal(t, 4, rows(`tr.run-row[data-status="waiting"]`), "the family's parent among them")
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.SetValue(chromedp.CSS(`#filter-status`), ""),
 		chromedp.SetValue(chromedp.CSS(`#filter-blocked`), "timer")))
@@ -263,6 +272,14 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	require.Contains(t, text(`#queue`), "outbound")
 	require.Contains(t, text(`#queue`), "priority 4 · waiting in it")
 	require.Contains(t, text(`#why`), "0 of its 1 running")
+
+	// A parent's page links its child, awaiting it; the child's links back.
+	open(familyID)
+	require.Eventually(t, func() bool { return attr(t, ctx, `#why`, "data-reason") == "child" }, patience, 50*time.Millisecond)
+	require.Equal(t, kids[0].ID, text(`#children a`))
+	click(`#children a`)
+	require.Eventually(t, func() bool { return text(`#run-id`) == kids[0].ID }, patience, 50*time.Millisecond)
+	require.Equal(t, familyID, text(`#parent a`))
 
 	// A compensated saga: the cause, the decision and each undo on the
 	// timeline.

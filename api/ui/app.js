@@ -7,7 +7,7 @@
 const base = location.pathname.replace(/\/ui\/.*$/, "");
 const app = document.getElementById("app");
 const statuses = ["", "pending", "running", "waiting", "compensating", "succeeded", "failed", "cancelled", "compensated"];
-const reasons = ["", "executing", "due", "backing_off", "timer", "signal", "unserved", "compensating", "compensation_stuck", "needs_reconciliation", "concurrency", "queued", "rate_limited", "cancel_pending"];
+const reasons = ["", "executing", "due", "backing_off", "timer", "signal", "unserved", "compensating", "compensation_stuck", "needs_reconciliation", "concurrency", "queued", "rate_limited", "child", "cancel_pending"];
 let poll = null;
 let lastAction = ""; // what the last action on the run page answered
 let armedCancel = null; // the run whose Cancel button was clicked once: a second click cancels it
@@ -197,7 +197,11 @@ function runView(run, reload) {
         (run.finished_at ? "" : run.concurrency.holds_slot ? " · holds a slot" : " · holds no slot"))] : [],
       run.queue ? [h("span", {class: "muted"}, "Queue"), h("span", {id: "queue"},
         h("span", {class: "mono"}, run.queue.name), " · priority " + run.queue.priority +
-        (run.queue.started_at ? " · started " + fmtTime(run.queue.started_at) : " · waiting in it"))] : []),
+        (run.queue.started_at ? " · started " + fmtTime(run.queue.started_at) : " · waiting in it"))] : [],
+      run.parent_run_id ? [h("span", {class: "muted"}, "Parent"), h("span", {id: "parent"},
+        h("a", {class: "mono", href: "#/runs/" + run.parent_run_id}, run.parent_run_id))] : [],
+      run.children && run.children.length ? [h("span", {class: "muted"}, "Children"), h("span", {id: "children"},
+        run.children.flatMap((c, i) => [i ? ", " : "", h("a", {class: "mono", href: "#/runs/" + c.id, dataset: {status: c.status}}, c.id), " " + c.workflow + " ", badge(c.status)]))] : []),
     whyBox(run),
     actions(run, reload),
     h("p", {id: "action-result", class: "muted"}, lastAction)));

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ratchet-run/ratchet/api"
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/examples/orders"
 	"github.com/ratchet-run/ratchet/examples/payments"
 	"github.com/ratchet-run/ratchet/examples/payouts"
 	"github.com/ratchet-run/ratchet/examples/quickstart"
@@ -97,6 +98,9 @@ func registry(pool *pgxpool.Pool, f appFlags) (*engine.Workflows, *payments.Paym
 	if _, err := pay.Register(workflows); err != nil {
 		return nil, nil, err
 	}
+	if err := orders.Register(workflows); err != nil {
+		return nil, nil, err
+	}
 	if _, err := quickstart.Register(workflows); err != nil {
 		return nil, nil, err
 	}
@@ -159,6 +163,9 @@ func setUp(ctx context.Context, pool *pgxpool.Pool, balances map[string]int64) e
 		}
 	}
 	if err := payouts.Setup(ctx, pool); err != nil {
+		return err
+	}
+	if err := orders.Setup(ctx, pool); err != nil {
 		return err
 	}
 	return quickstart.Setup(ctx, pool, balances)

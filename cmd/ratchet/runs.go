@@ -147,6 +147,12 @@ type runJSON struct {
 		Priority  int        `json:"priority"`
 		StartedAt *time.Time `json:"started_at"`
 	} `json:"queue"`
+	ParentRunID *string `json:"parent_run_id"`
+	Children    []struct {
+		ID       string `json:"id"`
+		Workflow string `json:"workflow"`
+		Status   string `json:"status"`
+	} `json:"children"`
 	Cancellation      string      `json:"cancellation"`
 	CreatedAt         time.Time   `json:"created_at"`
 	UpdatedAt         time.Time   `json:"updated_at"`
@@ -265,6 +271,12 @@ func (c *runsShowCmd) Run(e *env) error {
 			state = "started from it " + q.StartedAt.UTC().Format(time.RFC3339)
 		}
 		fmt.Fprintf(e.stdout, "queue %s, priority %d, %s\n", q.Name, q.Priority, state)
+	}
+	if r.ParentRunID != nil {
+		fmt.Fprintf(e.stdout, "child of run %s\n", *r.ParentRunID)
+	}
+	for _, c := range r.Children {
+		fmt.Fprintf(e.stdout, "child run %s  %s  %s\n", c.ID, c.Workflow, c.Status)
 	}
 	printWhy(e, &r)
 	if r.Error != nil {

@@ -51,6 +51,11 @@ func startOpsServer(t *testing.T) *opsServer {
 		return engine.Await[string](ctx, "approved", nil)
 	}, &engine.WorkflowOpts{Concurrency: &engine.Concurrency{Limit: 1}})
 	require.NoError(t, err)
+	// "family" starts an order as its child and awaits it.
+	_, err = engine.Register(workflows, "family", func(ctx context.Context, in string) (string, error) {
+		return engine.Child[string](ctx, "kid", "order", in, nil)
+	}, nil)
+	require.NoError(t, err)
 	c, err := engine.NewClient(pool, &engine.Config{Workflows: workflows, Queues: []engine.Queue{{Name: "ops", Concurrency: 1}}})
 	require.NoError(t, err)
 	h, err := api.New(&api.Config{Engine: c, Tokens: map[string]string{"s3cret": "default"}})
@@ -178,6 +183,21 @@ func TestRunsShowAndWhyNameAConcurrencyKeyAndItsHoldersOrAQueue(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, out, res.Run.ID+`: queued — waiting in queue "ops" (priority 2)`)
 	require.Contains(t, out, "0 of its 1 running, 0 waiting ahead of this run")
+
+	fam, err := s.engine.Start(ctx, engine.StartParams{Workflow: "family", IdempotencyKey: "family-1", Input: []byte(`"fine"`)})
+	require.NoError(t, err)
+	kids, err := s.engine.Children(ctx, fam.Run.ID)
+	require.NoError(t, err)
+	require.Len(t, kids, 1)
+	out, _, code = s.runs(t, "show", fam.Run.ID)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "child run "+kids[0].ID+"  order  pending")
+	out, _, code = s.runs(t, "why", fam.Run.ID)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, fam.Run.ID+": child — awaiting child run "+kids[0].ID+" at kid.done")
+	out, _, code = s.runs(t, "show", kids[0].ID)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "child of run "+fam.Run.ID)
 }
 
 func TestRunsCommandsSayWhatWentWrongInOneLine(t *testing.T) {
