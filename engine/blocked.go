@@ -273,10 +273,11 @@ func (c *Client) Why(ctx context.Context, runID string) (*Run, error) {
 				b.Detail += "; the next start is at " + b.Until.UTC().Format(time.RFC3339Nano)
 			}
 		}
-		if s := b.QueueState; s.RateLimit > 0 {
+		s := b.QueueState
+		if s.RateLimit > 0 {
 			b.Detail += fmt.Sprintf("; its rate limit is %d starts in %s", s.RateLimit, s.RatePeriod)
 		}
-		if s := b.QueueState; s.Concurrency > 0 {
+		if s.Concurrency > 0 {
 			b.Detail += fmt.Sprintf("; %d of its %d running, %d waiting ahead of this run", s.Executing, s.Concurrency, s.Ahead)
 		} else {
 			b.Detail += fmt.Sprintf("; %d running, %d waiting ahead of this run", s.Executing, s.Ahead)

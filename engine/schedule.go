@@ -167,17 +167,19 @@ type ScheduleState struct {
 const scheduleColumns = `tenant, name, coalesce(cron, ''), coalesce(extract(epoch FROM every), 0)::float8, time_zone, workflow, input,
 	catch_up, overlap, source, paused, next_tick_at, last_tick_at, last_run_id, started, skipped, created_at, updated_at`
 
-func scanSchedule(row pgx.Row) (*ScheduleState, error) {
+// scanSchedule reads scheduleColumns, then into more any columns after
+// them.
+func scanSchedule(row pgx.Row, more ...any) (*ScheduleState, error) {
 	var s ScheduleState
 	var every float64
-	err := row.Scan(&s.Tenant, &s.Name, &s.Cron, &every, &s.TimeZone, &s.Workflow, &s.Input, &s.CatchUp, &s.Overlap,
-		&s.Source, &s.Paused, &s.NextTickAt, &s.LastTickAt, &s.LastRunID, &s.Started, &s.Skipped, &s.CreatedAt, &s.UpdatedAt)
+	err := row.Scan(append([]any{&s.Tenant, &s.Name, &s.Cron, &every, &s.TimeZone, &s.Workflow, &s.Input, &s.CatchUp, &s.Overlap,
+		&s.Source, &s.Paused, &s.NextTickAt, &s.LastTickAt, &s.LastRunID, &s.Started, &s.Skipped, &s.CreatedAt, &s.UpdatedAt}, more...)...)
 	s.Every = time.Duration(every * float64(time.Second))
 	return &s, err
 }
 
-// putScheduleSQL declares a schedule. A new one ticks first at $12; one
-// whose timing changed, at $12 too; otherwise its next tick, pause and
+// putScheduleSQL declares a schedule. A new one ticks first at $11; one
+// whose timing changed, at $11 too; otherwise its next tick, pause and
 // counts stay.
 const putScheduleSQL = `
 INSERT INTO ratchet.schedules AS s (tenant, name, cron, every, time_zone, workflow, input, catch_up, overlap, source, next_tick_at)

@@ -73,7 +73,7 @@ func (c *Client) tickSome(ctx context.Context, names []string) (started int, mor
 		var page []due
 		for rows.Next() {
 			var d due
-			s, err := scanScheduleWith(rows, &d.now)
+			s, err := scanSchedule(rows, &d.now)
 			if err != nil {
 				rows.Close()
 				return err
@@ -99,15 +99,6 @@ func (c *Client) tickSome(ctx context.Context, names []string) (started int, mor
 		return 0, false, fmt.Errorf("engine: tick schedules: %w", notMigrated(err))
 	}
 	return started, more, nil
-}
-
-func scanScheduleWith(row pgx.Row, now *time.Time) (*ScheduleState, error) {
-	var s ScheduleState
-	var every float64
-	err := row.Scan(&s.Tenant, &s.Name, &s.Cron, &every, &s.TimeZone, &s.Workflow, &s.Input, &s.CatchUp, &s.Overlap,
-		&s.Source, &s.Paused, &s.NextTickAt, &s.LastTickAt, &s.LastRunID, &s.Started, &s.Skipped, &s.CreatedAt, &s.UpdatedAt, now)
-	s.Every = time.Duration(every * float64(time.Second))
-	return &s, err
 }
 
 // maxTicksAPass bounds the ticks one pass looks at for one schedule; a

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -34,22 +33,6 @@ func TestKilledProcessesStartNoChildTwice(t *testing.T) {
 	env := []string{"DATABASE_URL=" + smallPool(url), "RATCHET_GATEWAY_URL=" + gwSrv.URL, "RATCHET_MAIL_URL=" + mailSrv.URL, "RATCHET_STALE_AFTER=2s"}
 	survivor := startService(t, bin, env, "serve", "--addr", "127.0.0.1:0")
 	client := &http.Client{Timeout: 30 * time.Second}
-	post := func(base, key, body string) (int, error) {
-		req, err := http.NewRequest(http.MethodPost, base+"/v1/workflows/order/runs", strings.NewReader(body))
-		if err != nil {
-			return 0, err
-		}
-		req.Header.Set("Idempotency-Key", key)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := client.Do(req)
-		if err != nil {
-			return 0, err
-		}
-		io.Copy(io.Discard, resp.Body) //nolint:errcheck
-		resp.Body.Close()
-		return resp.StatusCode, nil
-	}
-
 	const perPoint = 3
 	var (
 		mu       sync.Mutex
@@ -66,24 +49,14 @@ func TestKilledProcessesStartNoChildTwice(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if status, err := post(victim.base, id, body); err == nil && status == http.StatusCreated {
+				if r := post(client, runsURL(victim.base, "order"), id, body); r.err == nil && r.status == http.StatusCreated {
 					return
 				}
-				for deadline := time.Now().Add(90 * time.Second); time.Now().Before(deadline); {
-					status, err := post(survivor.base, id, body)
-					switch {
-					case err == nil && status == http.StatusCreated:
-						return
-					case err == nil && status >= 500:
-						mu.Lock()
-						problems = append(problems, fmt.Sprintf("%s: %d", id, status))
-						mu.Unlock()
-					}
-					time.Sleep(200 * time.Millisecond) // a client's pause between retries
-				}
-				mu.Lock()
-				problems = append(problems, id+": never finished")
-				mu.Unlock()
+				retryUntil(client, runsURL(survivor.base, "order"), id, body, func(r postResult) bool { return r.status == http.StatusCreated }, func(problem string) {
+					mu.Lock()
+					problems = append(problems, problem)
+					mu.Unlock()
+				})
 			}()
 		}
 		wg.Wait()

@@ -94,10 +94,10 @@ func TestKilledServeHoldingSlotsLeaksNone(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if r := post(client, victim.base, key, body); r.err == nil && r.status == http.StatusCreated {
+				if r := post(client, runsURL(victim.base, "payment"), key, body); r.err == nil && r.status == http.StatusCreated {
 					return
 				}
-				retryUntil(client, survivor.base, key, body, func(r postResult) bool { return r.status == http.StatusCreated }, report)
+				retryUntil(client, runsURL(survivor.base, "payment"), key, body, func(r postResult) bool { return r.status == http.StatusCreated }, report)
 			}()
 		}
 	}

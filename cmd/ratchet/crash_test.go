@@ -150,7 +150,7 @@ func TestCrashMatrix(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if r := post(client, victim.base, key, card); r.err == nil && r.status == http.StatusCreated {
+				if r := post(client, runsURL(victim.base, "payment"), key, card); r.err == nil && r.status == http.StatusCreated {
 					return // finished before the crash
 				}
 				// The storm: ten retries at once against the other process.
@@ -159,7 +159,7 @@ func TestCrashMatrix(t *testing.T) {
 					storm.Add(1)
 					go func() {
 						defer storm.Done()
-						if r := post(client, survivor.base, key, card); r.status >= 500 {
+						if r := post(client, runsURL(survivor.base, "payment"), key, card); r.status >= 500 {
 							mu.Lock()
 							serverError = append(serverError, fmt.Sprintf("%s: %d", key, r.status))
 							mu.Unlock()
@@ -168,7 +168,7 @@ func TestCrashMatrix(t *testing.T) {
 				}
 				storm.Wait()
 				// Then a patient client, until the payment is final.
-				retryUntil(client, survivor.base, key, card, func(r postResult) bool { return r.status == http.StatusCreated }, func(problem string) {
+				retryUntil(client, runsURL(survivor.base, "payment"), key, card, func(r postResult) bool { return r.status == http.StatusCreated }, func(problem string) {
 					mu.Lock()
 					serverError = append(serverError, problem)
 					mu.Unlock()
@@ -268,14 +268,14 @@ func TestCompensationCrashMatrix(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if r := post(client, victim.base, key, body); r.err == nil && r.status == http.StatusConflict {
+				if r := post(client, runsURL(victim.base, "payment"), key, body); r.err == nil && r.status == http.StatusConflict {
 					return // compensated before the crash
 				}
 				// The stored answer of the compensated run is final.
 				final := func(r postResult) bool {
 					return r.status == http.StatusConflict && r.header.Get("Idempotent-Replayed") == "true"
 				}
-				retryUntil(client, survivor.base, key, body, final, func(problem string) {
+				retryUntil(client, runsURL(survivor.base, "payment"), key, body, final, func(problem string) {
 					mu.Lock()
 					problems = append(problems, problem)
 					mu.Unlock()
@@ -348,11 +348,15 @@ func kill(victim *atomic.Pointer[os.Process]) func(string) {
 	}
 }
 
-// retryUntil posts a payment with key until final says its answer is, for
-// at most a minute, reporting every 5xx and a payment that never got there.
-func retryUntil(client *http.Client, base, key, body string, final func(postResult) bool, report func(string)) {
+// runsURL is where a service at base starts runs of workflow.
+func runsURL(base, workflow string) string { return base + "/v1/workflows/" + workflow + "/runs" }
+
+// retryUntil posts a start with key to url (runsURL) until final says its
+// answer is, for at most a minute, reporting every 5xx and a
+// start that never got there.
+func retryUntil(client *http.Client, url, key, body string, final func(postResult) bool, report func(string)) {
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); {
-		r := post(client, base, key, body)
+		r := post(client, url, key, body)
 		if final(r) {
 			return
 		}
@@ -364,9 +368,9 @@ func retryUntil(client *http.Client, base, key, body string, final func(postResu
 	report(key + ": never final")
 }
 
-// post starts a payment with key and body.
-func post(client *http.Client, base, key, body string) postResult {
-	req, err := http.NewRequest(http.MethodPost, base+"/v1/workflows/payment/runs", strings.NewReader(body))
+// post starts a run at url (runsURL) with key and body.
+func post(client *http.Client, url, key, body string) postResult {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
 		return postResult{err: err}
 	}
