@@ -23,16 +23,18 @@ import (
 // appFlags configure the Ratchet service that serve, worker and dev run:
 // the example workflows, their downstreams, the engine and the API.
 type appFlags struct {
-	StaleAfter    time.Duration `name:"stale-after" env:"RATCHET_STALE_AFTER" default:"30s" help:"Lease length: how long a run whose executor died waits before another process takes it over (env RATCHET_STALE_AFTER)."`
-	GatewayURL    string        `name:"gateway-url" env:"RATCHET_GATEWAY_URL" default:"http://127.0.0.1:4242" help:"Payment gateway base URL (env RATCHET_GATEWAY_URL)."`
-	MailURL       string        `name:"mail-url" env:"RATCHET_MAIL_URL" default:"http://127.0.0.1:4243" help:"Mail service base URL (env RATCHET_MAIL_URL)."`
-	BankURL       string        `name:"bank-url" env:"RATCHET_BANK_URL" default:"http://127.0.0.1:4244" help:"Bank base URL for the payout example, whose settlement webhooks come back as signals (env RATCHET_BANK_URL)."`
-	Tokens        string        `name:"tokens" env:"RATCHET_TOKENS" help:"API bearer tokens as token=tenant pairs, comma separated (env RATCHET_TOKENS). None: no authentication, tenant \"default\"."`
-	MaxInline     int           `name:"max-inline" env:"RATCHET_MAX_INLINE" default:"32" help:"Runs the API executes inline at once; a start beyond it is answered 202 and left to a worker. Sizes the database pool with the worker's settings (env RATCHET_MAX_INLINE)."`
-	CommitWindow  time.Duration `name:"commit-window" env:"RATCHET_COMMIT_WINDOW" default:"500us" help:"How long a run's start, a step's result or a run's finish may wait for those of other runs this process executes, to be committed together in one round trip; 0 commits each alone (env RATCHET_COMMIT_WINDOW; docs/performance.md)."`
-	PollOnly      bool          `name:"poll-only" env:"RATCHET_POLL_ONLY" help:"River polls for jobs instead of LISTENing: for a database URL that goes through a transaction pooler such as PgBouncer (env RATCHET_POLL_ONLY; docs/performance.md)."`
-	CustomerLimit int           `name:"customer-limit" env:"RATCHET_CUSTOMER_LIMIT" default:"10" help:"How many of one customer's payments run at once; the rest queue in arrival order (env RATCHET_CUSTOMER_LIMIT; docs/concurrency.md)."`
-	KeyFormat     int           `name:"key-format" env:"RATCHET_KEY_FORMAT" default:"1" enum:"1,2,3" help:"Child-key format of the runs this process creates: 2 names the run in the key and needs no index of every key sent; 3 names the request, so a run lost in a failover and created again by the client's retry sends the same keys; set it once no older release runs against the database (env RATCHET_KEY_FORMAT; docs/steps.md)."`
+	StaleAfter         time.Duration `name:"stale-after" env:"RATCHET_STALE_AFTER" default:"30s" help:"Lease length: how long a run whose executor died waits before another process takes it over (env RATCHET_STALE_AFTER)."`
+	GatewayURL         string        `name:"gateway-url" env:"RATCHET_GATEWAY_URL" default:"http://127.0.0.1:4242" help:"Payment gateway base URL (env RATCHET_GATEWAY_URL)."`
+	MailURL            string        `name:"mail-url" env:"RATCHET_MAIL_URL" default:"http://127.0.0.1:4243" help:"Mail service base URL (env RATCHET_MAIL_URL)."`
+	BankURL            string        `name:"bank-url" env:"RATCHET_BANK_URL" default:"http://127.0.0.1:4244" help:"Bank base URL for the payout example, whose settlement webhooks come back as signals (env RATCHET_BANK_URL)."`
+	Tokens             string        `name:"tokens" env:"RATCHET_TOKENS" help:"API bearer tokens as token=tenant pairs, comma separated (env RATCHET_TOKENS). None: no authentication, tenant \"default\"."`
+	MaxInline          int           `name:"max-inline" env:"RATCHET_MAX_INLINE" default:"32" help:"Runs the API executes inline at once; a start beyond it is answered 202 and left to a worker. Sizes the database pool with the worker's settings (env RATCHET_MAX_INLINE)."`
+	CommitWindow       time.Duration `name:"commit-window" env:"RATCHET_COMMIT_WINDOW" default:"500us" help:"How long a run's start, a step's result or a run's finish may wait for those of other runs this process executes, to be committed together in one round trip; 0 commits each alone (env RATCHET_COMMIT_WINDOW; docs/performance.md)."`
+	PollOnly           bool          `name:"poll-only" env:"RATCHET_POLL_ONLY" help:"River polls for jobs instead of LISTENing: for a database URL that goes through a transaction pooler such as PgBouncer (env RATCHET_POLL_ONLY; docs/performance.md)."`
+	CustomerLimit      int           `name:"customer-limit" env:"RATCHET_CUSTOMER_LIMIT" default:"10" help:"How many of one customer's payments run at once; the rest queue in arrival order (env RATCHET_CUSTOMER_LIMIT; docs/concurrency.md)."`
+	GatewayConcurrency int           `name:"gateway-concurrency" env:"RATCHET_GATEWAY_CONCURRENCY" default:"20" help:"Runs of the gateway queue executing at once across every process: a payment started with the header Ratchet-Queue: gateway waits in it for room (env RATCHET_GATEWAY_CONCURRENCY; docs/queues.md)."`
+	GatewayRate        int           `name:"gateway-rate" env:"RATCHET_GATEWAY_RATE" default:"25" help:"Starts a second the gateway queue allows across every process, the provider's rate limit (env RATCHET_GATEWAY_RATE; docs/queues.md)."`
+	KeyFormat          int           `name:"key-format" env:"RATCHET_KEY_FORMAT" default:"1" enum:"1,2,3" help:"Child-key format of the runs this process creates: 2 names the run in the key and needs no index of every key sent; 3 names the request, so a run lost in a failover and created again by the client's retry sends the same keys; set it once no older release runs against the database (env RATCHET_KEY_FORMAT; docs/steps.md)."`
 }
 
 // workerConfig is the service's worker configuration but for what newApp
@@ -40,11 +42,23 @@ type appFlags struct {
 func workerConfig(f appFlags, work bool) *worker.Config {
 	return &worker.Config{
 		Engine: engine.Config{StaleAfter: f.StaleAfter, MaxInline: f.MaxInline, RunGauges: work, KeyFormat: f.KeyFormat,
-			CommitWindow: commitWindow(f.CommitWindow)},
+			CommitWindow: commitWindow(f.CommitWindow), Queues: []engine.Queue{gatewayQueue(f)}},
 		InsertOnly: !work,
 		PollOnly:   f.PollOnly,
 		Queues:     map[string]river.QueueConfig{payments.QueueReceipts: {MaxWorkers: 10}},
 	}
+}
+
+// gatewayQueue is the service's one queue: runs started into it (over
+// HTTP, Ratchet-Queue: gateway) share the payment provider's capacity,
+// however many processes serve them — a batch of payments is paced
+// rather than refused by the provider.
+func gatewayQueue(f appFlags) engine.Queue {
+	q := engine.Queue{Name: payments.GatewayQueue, Concurrency: f.GatewayConcurrency}
+	if f.GatewayRate != 0 {
+		q.Rate = engine.Rate{Limit: f.GatewayRate, Period: time.Second}
+	}
+	return q
 }
 
 // commitWindow maps the flag (0: off) to engine.Config.CommitWindow (0:

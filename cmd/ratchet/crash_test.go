@@ -370,9 +370,17 @@ func retryUntil(client *http.Client, url, key, body string, final func(postResul
 
 // post starts a run at url (runsURL) with key and body.
 func post(client *http.Client, url, key, body string) postResult {
+	return postWith(client, url, key, body, nil)
+}
+
+// postWith is post with the request's headers besides the key's.
+func postWith(client *http.Client, url, key, body string, header http.Header) postResult {
 	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
 		return postResult{err: err}
+	}
+	for name, values := range header {
+		req.Header[name] = values
 	}
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Content-Type", "application/json")

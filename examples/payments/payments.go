@@ -58,6 +58,13 @@ const GatewayKeyWindow = 24 * time.Hour
 // QueueReceipts is the River queue of receipt deliveries.
 const QueueReceipts = "receipts"
 
+// GatewayQueue is the name of the Ratchet queue a service may declare for
+// payments that should be paced to the provider's capacity (a batch, an
+// import): the payment workflow is in no queue by default, and a start
+// names this one to wait in it (StartParams.Queue; over HTTP the header
+// Ratchet-Queue).
+const GatewayQueue = "gateway"
+
 // Input is the payment request.
 type Input struct {
 	Amount   int64  `json:"amount"`
