@@ -35,19 +35,14 @@ func TestKilledServeHoldingSlotsLeaksNone(t *testing.T) {
 	url := testdb.NewURL(t)
 
 	var victimProc atomic.Pointer[os.Process]
-	killed := make(chan time.Time, 1)
+	afterCharge, killed := killNoted(&victimProc)
 	gateway := fakes.NewGateway(&fakes.GatewayOpts{
 		// Every charge lasts a while, so a customer's payments overlap at
 		// the gateway unless the limit keeps them apart.
 		Faults: fakes.Faults{Latency: 150 * time.Millisecond},
 		// The first charge kills the victim: its other slot holders are
 		// mid-charge or between phases, their queues behind them.
-		AfterCharge: func(string) {
-			if p := victimProc.Swap(nil); p != nil {
-				_ = p.Kill()
-				killed <- time.Now()
-			}
-		},
+		AfterCharge: afterCharge,
 	})
 	mail := fakes.NewMail(nil)
 	gwSrv, mailSrv := httptest.NewServer(gateway), httptest.NewServer(mail)
@@ -62,23 +57,7 @@ func TestKilledServeHoldingSlotsLeaksNone(t *testing.T) {
 	ctx := context.Background()
 
 	// The most slots any key held at once, as the runs table says.
-	var maxHeld atomic.Int64
-	stopWatch := make(chan struct{})
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		for {
-			var n int64
-			if err := pool.QueryRow(ctx, `SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM ratchet.runs WHERE holds_slot GROUP BY concurrency_key) k`).Scan(&n); err == nil && n > maxHeld.Load() {
-				maxHeld.Store(n)
-			}
-			select {
-			case <-stopWatch:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-	}()
+	stopMaxHeld := sampleMax(pool, `SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM ratchet.runs WHERE holds_slot GROUP BY concurrency_key) k`)
 
 	client := &http.Client{Timeout: 30 * time.Second}
 	var (
@@ -110,30 +89,12 @@ func TestKilledServeHoldingSlotsLeaksNone(t *testing.T) {
 	}
 	<-victim.exited
 	// The dead process's slots, and the lease token each holder had.
-	held := map[string]int64{}
-	rows, err := pool.Query(ctx, `SELECT id, lease_token FROM ratchet.runs WHERE holds_slot AND lease_owner IS NOT NULL AND finished_at IS NULL`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var id string
-		var token int64
-		require.NoError(t, rows.Scan(&id, &token))
-		held[id] = token
-	}
-	require.NoError(t, rows.Err())
+	held := leaseTokens(t, pool, `SELECT id, lease_token FROM ratchet.runs WHERE holds_slot AND lease_owner IS NOT NULL AND finished_at IS NULL`)
 	require.NotEmpty(t, held, "the victim died holding slots")
 
 	// Each dead holder is taken over (a new lease token) or finished by
 	// the survivor once its lease is stale, and its slot passes on.
-	require.Eventually(t, func() bool {
-		for id, token := range held {
-			var now int64
-			var finished bool
-			if err := pool.QueryRow(ctx, `SELECT lease_token, finished_at IS NOT NULL FROM ratchet.runs WHERE id = $1`, id).Scan(&now, &finished); err != nil || (now == token && !finished) {
-				return false
-			}
-		}
-		return true
-	}, 60*time.Second, 20*time.Millisecond, "the dead holders are taken over")
+	awaitTakenOver(t, pool, held)
 	takenOver := time.Since(at)
 	// A lease goes stale at most staleAfter after the kill and recovery
 	// polls every 500 ms; the bound leaves room for a machine five times
@@ -141,8 +102,7 @@ func TestKilledServeHoldingSlotsLeaksNone(t *testing.T) {
 	require.Less(t, takenOver, 5*(staleAfter+500*time.Millisecond), "taken over once stale")
 
 	wg.Wait()
-	close(stopWatch)
-	<-watched
+	maxHeld := stopMaxHeld()
 	require.Empty(t, problems)
 
 	total := customers * perCust
@@ -158,7 +118,7 @@ func TestKilledServeHoldingSlotsLeaksNone(t *testing.T) {
 	for c := range customers {
 		require.LessOrEqual(t, stats.MaxInFlightByCustomer[fmt.Sprintf("cus_%d", c)], limit, "cus_%d charging at once", c)
 	}
-	require.LessOrEqual(t, maxHeld.Load(), int64(limit), "slots held by one key at once")
+	require.LessOrEqual(t, maxHeld, int64(limit), "slots held by one key at once")
 	t.Logf("%d payments over %d customers, limit %d: the victim died holding %d slots, taken over %s after the kill (stale after %s); at most %d slots held per key, %v charging per customer",
-		total, customers, limit, len(held), takenOver.Round(time.Millisecond), staleAfter, maxHeld.Load(), stats.MaxInFlightByCustomer)
+		total, customers, limit, len(held), takenOver.Round(time.Millisecond), staleAfter, maxHeld, stats.MaxInFlightByCustomer)
 }

@@ -35,17 +35,12 @@ func TestKilledServeHoldingQueueRoomLeaksNone(t *testing.T) {
 	url := testdb.NewURL(t)
 
 	var victimProc atomic.Pointer[os.Process]
-	killed := make(chan time.Time, 1)
+	afterCharge, killed := killNoted(&victimProc)
 	gateway := fakes.NewGateway(&fakes.GatewayOpts{
 		// Charges last long enough that the queue's concurrency, not its
 		// rate, is what keeps them apart.
-		Faults: fakes.Faults{Latency: 600 * time.Millisecond},
-		AfterCharge: func(string) {
-			if p := victimProc.Swap(nil); p != nil {
-				_ = p.Kill()
-				killed <- time.Now()
-			}
-		},
+		Faults:      fakes.Faults{Latency: 600 * time.Millisecond},
+		AfterCharge: afterCharge,
 	})
 	mail := fakes.NewMail(nil)
 	gwSrv, mailSrv := httptest.NewServer(gateway), httptest.NewServer(mail)
@@ -63,22 +58,7 @@ func TestKilledServeHoldingQueueRoomLeaksNone(t *testing.T) {
 
 	// The most of the queue's runs executing at once, as the runs table
 	// says, sampled until the batch is done.
-	var maxExecuting atomic.Int64
-	stopWatch, watched := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(watched)
-		for {
-			var n int64
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM ratchet.runs WHERE queue = 'gateway' AND queue_started_at IS NOT NULL AND finished_at IS NULL`).Scan(&n); err == nil && n > maxExecuting.Load() {
-				maxExecuting.Store(n)
-			}
-			select {
-			case <-stopWatch:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-	}()
+	stopMaxExecuting := sampleMax(pool, `SELECT count(*) FROM ratchet.runs WHERE queue = 'gateway' AND queue_started_at IS NOT NULL AND finished_at IS NULL`)
 
 	client := &http.Client{Timeout: 30 * time.Second}
 	queued := http.Header{"Ratchet-Queue": {"gateway"}}
@@ -106,17 +86,8 @@ func TestKilledServeHoldingQueueRoomLeaksNone(t *testing.T) {
 	<-victim.exited
 	// The queue's room the dead process held: its runs started from the
 	// queue and unfinished, with the lease token each had.
-	held := map[string]int64{}
-	rows, err := pool.Query(ctx, `SELECT id, lease_token FROM ratchet.runs
+	held := leaseTokens(t, pool, `SELECT id, lease_token FROM ratchet.runs
 		WHERE queue = 'gateway' AND queue_started_at IS NOT NULL AND finished_at IS NULL AND lease_owner IS NOT NULL`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var id string
-		var token int64
-		require.NoError(t, rows.Scan(&id, &token))
-		held[id] = token
-	}
-	require.NoError(t, rows.Err())
 	require.NotEmpty(t, held, "the victim died holding queue room")
 	var waiting int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM ratchet.runs WHERE waiting_for->>'kind' = 'queue'`).Scan(&waiting))
@@ -128,16 +99,7 @@ func TestKilledServeHoldingQueueRoomLeaksNone(t *testing.T) {
 		require.NoError(t, r.err)
 		require.Equal(t, http.StatusAccepted, r.status, "batch-%d", i)
 	}
-	require.Eventually(t, func() bool {
-		for id, token := range held {
-			var now int64
-			var finished bool
-			if err := pool.QueryRow(ctx, `SELECT lease_token, finished_at IS NOT NULL FROM ratchet.runs WHERE id = $1`, id).Scan(&now, &finished); err != nil || (now == token && !finished) {
-				return false
-			}
-		}
-		return true
-	}, 60*time.Second, 20*time.Millisecond, "the dead holders are taken over")
+	awaitTakenOver(t, pool, held)
 	takenOver := time.Since(at)
 	// Stale at most staleAfter after the kill, found at the next 500 ms
 	// poll, plus the survivor's start; the bound leaves room for a machine
@@ -148,8 +110,7 @@ func TestKilledServeHoldingQueueRoomLeaksNone(t *testing.T) {
 		var unfinished int
 		return pool.QueryRow(ctx, `SELECT count(*) FROM ratchet.runs WHERE workflow = 'payment' AND finished_at IS NULL`).Scan(&unfinished) == nil && unfinished == 0
 	}, 120*time.Second, 50*time.Millisecond, "the batch finishes")
-	close(stopWatch)
-	<-watched
+	maxExecuting := stopMaxExecuting()
 
 	var succeeded, everStarted int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'succeeded'), count(queue_started_at)
@@ -167,7 +128,7 @@ func TestKilledServeHoldingQueueRoomLeaksNone(t *testing.T) {
 	require.Equal(t, batch, stats.Charges, "one charge per payment")
 	require.Len(t, stats.ChargesByKey, batch)
 	require.LessOrEqual(t, stats.MaxInFlightByCustomer["cus_batch"], concurrency, "charging at once")
-	require.LessOrEqual(t, maxExecuting.Load(), int64(concurrency), "queue runs executing at once")
+	require.LessOrEqual(t, maxExecuting, int64(concurrency), "queue runs executing at once")
 	t.Logf("%d queued payments, concurrency %d, %d a second: the victim died holding %d of the room, taken over %s after the kill (stale after %s); at most %d executing, %d charging, %d starts in a second",
-		batch, concurrency, rate, len(held), takenOver.Round(time.Millisecond), staleAfter, maxExecuting.Load(), stats.MaxInFlightByCustomer["cus_batch"], maxStarts)
+		batch, concurrency, rate, len(held), takenOver.Round(time.Millisecond), staleAfter, maxExecuting, stats.MaxInFlightByCustomer["cus_batch"], maxStarts)
 }

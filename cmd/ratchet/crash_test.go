@@ -341,11 +341,19 @@ func crashPayments(def int) int {
 
 // kill is a gateway hook that kills the process in victim, once.
 func kill(victim *atomic.Pointer[os.Process]) func(string) {
+	hook, _ := killNoted(victim)
+	return hook
+}
+
+// killNoted is kill that also sends the moment of the kill on killed.
+func killNoted(victim *atomic.Pointer[os.Process]) (hook func(string), killed <-chan time.Time) {
+	at := make(chan time.Time, 1)
 	return func(string) {
 		if p := victim.Swap(nil); p != nil {
 			_ = p.Signal(syscall.SIGKILL)
+			at <- time.Now()
 		}
-	}
+	}, at
 }
 
 // runsURL is where a service at base starts runs of workflow.
