@@ -65,3 +65,41 @@ func TestRunRulesRefuseWhatTheirConstraintsDid(t *testing.T) {
 		queue = 'gateway', queue_started_at = now() WHERE id = 'run-keyed'`)
 	require.NoError(t, err)
 }
+
+// The journal's rules, moved to a trigger by 0020, refuse what their
+// constraints did, by INSERT and by UPDATE.
+func TestPhaseRulesRefuseWhatTheirConstraintsDid(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.New(t, nil)
+	_, err := pool.Exec(ctx, `INSERT INTO ratchet.runs (id, tenant, idempotency_key, workflow, workflow_version, input, fingerprint)
+		VALUES ('run', 't', 'k', 'w', 1, '{}', decode(repeat('ab', 32), 'hex'))`)
+	require.NoError(t, err)
+	// A valid journal row $1 (its seq and name); each case breaks one rule.
+	const insert = `INSERT INTO ratchet.phases (run_id, seq, name, kind, attempts, started_at, finished_at)
+		VALUES ('run', $1::integer, 'phase-' || $1::text, 'atomic', 1, now(), now())`
+	for i, tc := range []struct {
+		rule     string
+		breaking string // an UPDATE of the valid row $1, or an INSERT of its own
+	}{
+		{"phases_kind_check", `UPDATE ratchet.phases SET kind = 'nap' WHERE run_id = 'run' AND seq = $1`},
+		{"phases_name_check", `UPDATE ratchet.phases SET name = '' WHERE run_id = 'run' AND seq = $1`},
+		{"phases_name_check", `INSERT INTO ratchet.phases (run_id, seq, name, kind, started_at, finished_at)
+			VALUES ('run', $1::integer + 1000, repeat('n', 256), 'step', now(), now())`},
+		{"phases_seq_check", `UPDATE ratchet.phases SET seq = -1 WHERE run_id = 'run' AND seq = $1`},
+		{"phases_attempts_check", `UPDATE ratchet.phases SET attempts = 0 WHERE run_id = 'run' AND seq = $1`},
+	} {
+		_, err := pool.Exec(ctx, insert, i)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, tc.breaking, i)
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr), "%s: %s was accepted (%v)", tc.rule, tc.breaking, err)
+		require.Equal(t, "23514", pgErr.Code, "%s: %v", tc.rule, err)
+		require.Equal(t, tc.rule, pgErr.ConstraintName, "%s: %v", tc.rule, err)
+	}
+	for i, kind := range []string{"atomic", "step", "sleep", "signal", "compensation", "patch", "start_child", "await_child"} {
+		_, err := pool.Exec(ctx, `INSERT INTO ratchet.phases (run_id, seq, name, kind, started_at, finished_at)
+			VALUES ('run', $1, $2, $2, now(), now())`, 100+i, kind)
+		require.NoError(t, err, kind)
+	}
+}
