@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/internal/testdb"
@@ -42,14 +43,7 @@ func TestRunRulesRefuseWhatTheirConstraintsDid(t *testing.T) {
 		{"runs_queue_started_queued", `UPDATE ratchet.runs SET queue_started_at = now() WHERE id = $1`},
 		{"runs_waiting_described", `UPDATE ratchet.runs SET status = 'waiting' WHERE id = $1`},
 	} {
-		id := fmt.Sprintf("run-%d", i)
-		_, err := pool.Exec(ctx, insert, id)
-		require.NoError(t, err)
-		_, err = pool.Exec(ctx, tc.breaking, id)
-		var pgErr *pgconn.PgError
-		require.True(t, errors.As(err, &pgErr), "%s: %s was accepted (%v)", tc.rule, tc.breaking, err)
-		require.Equal(t, "23514", pgErr.Code, "%s: %v", tc.rule, err)
-		require.Equal(t, tc.rule, pgErr.ConstraintName, "%s: %v", tc.rule, err)
+		requireRefused(t, pool, insert, tc.breaking, tc.rule, fmt.Sprintf("run-%d", i))
 	}
 
 	// And what the rules allow still goes: a run finished, unleased, and
@@ -89,17 +83,25 @@ func TestPhaseRulesRefuseWhatTheirConstraintsDid(t *testing.T) {
 		{"phases_seq_check", `UPDATE ratchet.phases SET seq = -1 WHERE run_id = 'run' AND seq = $1`},
 		{"phases_attempts_check", `UPDATE ratchet.phases SET attempts = 0 WHERE run_id = 'run' AND seq = $1`},
 	} {
-		_, err := pool.Exec(ctx, insert, i)
-		require.NoError(t, err)
-		_, err = pool.Exec(ctx, tc.breaking, i)
-		var pgErr *pgconn.PgError
-		require.True(t, errors.As(err, &pgErr), "%s: %s was accepted (%v)", tc.rule, tc.breaking, err)
-		require.Equal(t, "23514", pgErr.Code, "%s: %v", tc.rule, err)
-		require.Equal(t, tc.rule, pgErr.ConstraintName, "%s: %v", tc.rule, err)
+		requireRefused(t, pool, insert, tc.breaking, tc.rule, i)
 	}
 	for i, kind := range []string{"atomic", "step", "sleep", "signal", "compensation", "patch", "start_child", "await_child"} {
 		_, err := pool.Exec(ctx, `INSERT INTO ratchet.phases (run_id, seq, name, kind, started_at, finished_at)
 			VALUES ('run', $1, $2, $2, now(), now())`, 100+i, kind)
 		require.NoError(t, err, kind)
 	}
+}
+
+// requireRefused inserts a valid row (valid with arg), then runs breaking
+// with arg: it must fail as the CHECK constraint rule did.
+func requireRefused(t *testing.T, pool *pgxpool.Pool, valid, breaking, rule string, arg any) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, valid, arg)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, breaking, arg)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%s: %s was accepted (%v)", rule, breaking, err)
+	require.Equal(t, "23514", pgErr.Code, "%s: %v", rule, err)
+	require.Equal(t, rule, pgErr.ConstraintName, "%s: %v", rule, err)
 }
