@@ -101,6 +101,7 @@ func TestDatabaseFaultsAreUnavailableAndSayWhenToRetry(t *testing.T) {
 		"57P02": http.StatusServiceUnavailable, // crash shutdown
 		"57P03": http.StatusServiceUnavailable, // the database system is starting up
 		"08006": http.StatusServiceUnavailable, // connection failure
+		"25006": http.StatusServiceUnavailable, // read-only transaction: a standby answered
 		"40001": http.StatusConflict,
 		"22021": http.StatusBadRequest, // invalid byte sequence
 		"22P02": http.StatusBadRequest,

@@ -70,7 +70,8 @@ var errorStatuses = []struct {
 // problemFor maps an error to its problem. Serialization failures, deadlocks
 // and unique violations are conflicts the client may retry, never a 5xx; a
 // value Postgres refuses is the client's (400); a database that is gone,
-// restarting or refusing connections is unavailable (503), not broken.
+// restarting, refusing connections or read-only is unavailable (503), not
+// broken.
 func problemFor(err error) problem {
 	for _, e := range errorStatuses {
 		if errors.Is(err, e.err) {
@@ -88,6 +89,12 @@ func problemFor(err error) problem {
 			return problem{Status: http.StatusBadRequest, Code: codeInvalidValue, Title: "A value the database cannot store", Detail: pgErr.Message}
 		case pgerrcode.IsConnectionException(code), pgerrcode.IsOperatorIntervention(code) && code != pgerrcode.QueryCanceled:
 			return unavailable // 08xxx; 57P01–57P03 (shutdown, crash, starting up)
+		case code == pgerrcode.ReadOnlySQLTransaction:
+			// A standby answered: a failover is under way, or the pool
+			// reached a server that is no longer the primary (the service
+			// closes such a connection, so the retry gets a fresh one).
+			return problem{Status: http.StatusServiceUnavailable, Code: codeUnavailable,
+				Title: "The database is read-only (a failover is under way); retry later"}
 		}
 	}
 	var connErr *pgconn.ConnectError

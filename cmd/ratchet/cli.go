@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -88,6 +89,7 @@ func (f *dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if f.conns > 0 && !strings.Contains(f.DatabaseURL, "pool_max_conns") {
 		cfg.MaxConns = int32(f.conns) // sized from the service's settings, unless the URL says otherwise
 	}
+	dropReadOnly(cfg)
 	where := f.where()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -100,6 +102,24 @@ func (f *dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("cannot reach Postgres at %s: %s (start it, or set DATABASE_URL)", where, reason(err))
 	}
 	return pool, nil
+}
+
+// dropReadOnly makes a connection close when its server refuses a write
+// as read-only (SQLSTATE 25006): it reached a standby — the old primary,
+// demoted, or the one a proxy or a DNS name still points at during a
+// failover. The pool then discards it, and the next connection is made
+// afresh, finding the primary (a multi-host URL with
+// target_session_attrs=read-write, or the HA manager's endpoint), instead
+// of every statement that lands on it failing until a restart. The
+// statement itself fails: a run retries it, a client is answered 503.
+func dropReadOnly(cfg *pgxpool.Config) {
+	next := cfg.ConnConfig.OnPgError
+	cfg.ConnConfig.OnPgError = func(conn *pgconn.PgConn, pgErr *pgconn.PgError) bool {
+		if pgErr.Code == pgerrcode.ReadOnlySQLTransaction {
+			return false
+		}
+		return next == nil || next(conn, pgErr)
+	}
 }
 
 // where names the database of the URL without its credentials.

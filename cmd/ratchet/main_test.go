@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -14,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/internal/pgboot"
@@ -411,4 +415,33 @@ func TestChaosFailoverWithSynchronousReplicationLosesNothing(t *testing.T) {
 	require.NotEqual(t, "0", row[4], "some payments were answered before the failover: %s", out)
 	require.Equal(t, []string{"0", "0", "0", "0"}, []string{row[5], row[7], row[9], row[10]},
 		"no acknowledged run lost, no duplicate charge, no duplicate or missing receipt: %s", out)
+}
+
+// A connection whose server refuses a write as read-only, as a standby
+// does, is closed: the pool's next statement goes out on a fresh
+// connection rather than to the same server again.
+func TestAReadOnlyConnectionIsReplaced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	u, err := url.Parse(testdb.NewURL(t))
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("default_transaction_read_only", "on") // every session read-only, as on a standby
+	q.Set("pool_max_conns", "1")                 // so that a kept connection would be the one reused
+	u.RawQuery = q.Encode()
+	pool, err := (&dbFlags{DatabaseURL: u.String()}).connect(ctx)
+	require.NoError(t, err)
+	defer pool.Close()
+	backend := func() (pid int) {
+		require.NoError(t, pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+		return pid
+	}
+
+	first := backend()
+	require.Equal(t, first, backend(), "one connection, reused while it answers")
+	_, err = pool.Exec(ctx, "CREATE TABLE written_on_a_standby (x int)")
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%v", err)
+	require.Equal(t, pgerrcode.ReadOnlySQLTransaction, pgErr.Code)
+	require.NotEqual(t, first, backend(), "the read-only connection was dropped")
 }
