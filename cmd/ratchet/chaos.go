@@ -29,6 +29,7 @@ type chaosCmd struct {
 }
 
 type chaosFailoverCmd struct {
+	Manager     string        `name:"manager" default:"manual" enum:"manual,patroni" help:"Who promotes the standby: manual (this command, pg_ctl promote, the moment the primary dies) or patroni (two Patroni nodes with etcd; Patroni promotes once the dead leader's key expires, 10 s)."`
 	Replication []string      `name:"replication" default:"sync,async" enum:"sync,async" help:"Replication modes to run, each on a fresh primary and standby."`
 	KeyFormats  []int         `name:"key-formats" default:"2,3" help:"Child-key formats the serve process creates runs with (--key-format), each a run of its own for each mode: 2 names the run, 3 the request."`
 	Payments    int           `name:"payments" default:"2000" help:"Payments posted, each with its own Idempotency-Key, retried by its client until it has an answer."`
@@ -54,8 +55,9 @@ func (c *chaosFailoverCmd) Run(e *env) error {
 	fmt.Fprintf(e.stdout, "%d payments from %d clients, each retried with its key until answered; the primary killed (SIGKILL, every process) and the standby promoted %s after the first answer,\n"+
 		"the primary's WAL sender paused for the last %s before (a slow link);\n"+
 		"one ratchet serve process (with its worker, --stale-after %s) on the multi-host URL with target_session_attrs=read-write;\n"+
-		"a payment answered before the failover whose run the new primary lacks is sent again by its client afterwards.\n",
-		c.Payments, c.Concurrency, c.FailAfter, c.Stall, c.StaleAfter)
+		"a payment answered before the failover whose run the new primary lacks is sent again by its client afterwards;\n"+
+		"%s.\n",
+		c.Payments, c.Concurrency, c.FailAfter, c.Stall, c.StaleAfter, promoter[c.Manager])
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "replication\tkey format\tWAL behind at failover\tsucceeded\tacknowledged before\tacknowledged runs lost, sent again\tsteps repeated, same key\tduplicate charges\treceipts redelivered, same id\tduplicate receipts\tmissing receipts\tfailover to all done\t")
 	for _, mode := range c.Replication {
@@ -71,6 +73,39 @@ func (c *chaosFailoverCmd) Run(e *env) error {
 	return tw.Flush()
 }
 
+// promoter says, for each --manager, who promotes the standby.
+var promoter = map[string]string{
+	"manual":  "the standby promoted by this command (pg_ctl promote) as soon as the primary is dead",
+	"patroni": "two Patroni nodes (synchronous_mode for sync) with etcd: the leader's agent killed with its Postgres, Patroni promotes the standby once the leader key expires (ttl 10 s)",
+}
+
+// failoverPair is a primary and a standby streaming from it: pgboot's
+// Pair, promoted by this command, or a Patroni cluster, which promotes by
+// itself.
+type failoverPair interface {
+	Stall(context.Context) error
+	Lag(context.Context) (int64, error)
+	Fail(context.Context) error
+	Stop() error
+}
+
+// startPair starts the pair --manager names and returns it with the URL
+// that reaches whichever of the two accepts writes.
+func (c *chaosFailoverCmd) startPair(ctx context.Context, synchronous bool) (failoverPair, string, error) {
+	if c.Manager == "patroni" {
+		p, err := pgboot.StartPatroni(ctx, synchronous)
+		if err != nil {
+			return nil, "", err
+		}
+		return p, p.URL, nil
+	}
+	p, err := pgboot.StartPair(ctx, synchronous)
+	if err != nil {
+		return nil, "", err
+	}
+	return p, p.URL, nil
+}
+
 // ack is a payment's answer as its client saw it.
 type ack struct {
 	runID, status string
@@ -81,7 +116,7 @@ type ack struct {
 // the first.
 func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat int) (string, error) {
 	ctx := e.ctx
-	pair, err := pgboot.StartPair(ctx, synchronous)
+	pair, url, err := c.startPair(ctx, synchronous)
 	if err != nil {
 		return "", err
 	}
@@ -90,7 +125,7 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 			fmt.Fprintf(e.stderr, "ratchet: stopping the pair: %v\n", err)
 		}
 	}()
-	pool, err := pgxpool.New(ctx, pair.URL)
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return "", err
 	}
@@ -109,7 +144,7 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 		return "", err
 	}
 	defer stopMail()
-	procs, err := startServes(ctx, self, 1, withPoolSize(pair.URL, 40), "--gateway-url", gwURL, "--mail-url", mailURL,
+	procs, err := startServes(ctx, self, 1, withPoolSize(url, 40), "--gateway-url", gwURL, "--mail-url", mailURL,
 		"--stale-after", c.StaleAfter.String(), "--key-format", strconv.Itoa(keyFormat))
 	if err != nil {
 		return "", err

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -402,19 +404,29 @@ func mustFloat(t *testing.T, s string) float64 {
 // The failover chaos command with synchronous replication: the primary is
 // killed mid-load with its WAL sender paused, the standby promoted, and
 // nothing acknowledged is lost, every payment succeeds, none is charged or
-// receipted twice under two message ids.
+// receipted twice under two message ids — promoted by the command, and by
+// Patroni when it is installed.
 func TestChaosFailoverWithSynchronousReplicationLosesNothing(t *testing.T) {
 	t.Parallel()
 	bin := buildCrashBinary(t)
-	out, err := exec.Command(bin, "chaos", "failover", "--replication", "sync", "--key-formats", "3", "--payments", "800",
-		"--fail-after", "1s", "--stall", "500ms", "--timeout", "2m").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	row := regexp.MustCompile(`(?m)^\s+sync\s+3\s+(\d+)\s+(\d+)/(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s`).FindStringSubmatch(string(out))
-	require.NotNil(t, row, "%s", out)
-	require.Equal(t, "800", row[2], "every payment succeeded: %s", out)
-	require.NotEqual(t, "0", row[4], "some payments were answered before the failover: %s", out)
-	require.Equal(t, []string{"0", "0", "0", "0"}, []string{row[5], row[7], row[9], row[10]},
-		"no acknowledged run lost, no duplicate charge, no duplicate or missing receipt: %s", out)
+	for _, manager := range []string{"manual", "patroni"} {
+		t.Run(manager, func(t *testing.T) {
+			t.Parallel()
+			if err := pgboot.PatroniInstalled(); manager == "patroni" && err != nil {
+				fmt.Fprintf(os.Stderr, "SKIPPED %s: %v\n", t.Name(), err) // loudly: a skip is otherwise silent without -v
+				t.Skip(err)
+			}
+			out, err := exec.Command(bin, "chaos", "failover", "--manager", manager, "--replication", "sync", "--key-formats", "3",
+				"--payments", "800", "--fail-after", "1s", "--stall", "500ms", "--timeout", "2m").CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			row := regexp.MustCompile(`(?m)^\s+sync\s+3\s+(\d+)\s+(\d+)/(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s`).FindStringSubmatch(string(out))
+			require.NotNil(t, row, "%s", out)
+			require.Equal(t, "800", row[2], "every payment succeeded: %s", out)
+			require.NotEqual(t, "0", row[4], "some payments were answered before the failover: %s", out)
+			require.Equal(t, []string{"0", "0", "0", "0"}, []string{row[5], row[7], row[9], row[10]},
+				"no acknowledged run lost, no duplicate charge, no duplicate or missing receipt: %s", out)
+		})
+	}
 }
 
 // A connection whose server refuses a write as read-only, as a standby

@@ -79,19 +79,36 @@ func StartPair(ctx context.Context, sync bool) (*Pair, error) {
 // awaitStreaming waits until the primary reports the standby streaming
 // (and, for a synchronous pair, synchronous).
 func (p *Pair) awaitStreaming(ctx context.Context) error {
+	return awaitStreaming(ctx, p.Sync, func() string { return p.Primary.URL },
+		`SELECT state, sync_state FROM pg_stat_replication WHERE application_name = '`+standbyName+`'`)
+}
+
+// awaitStreaming waits up to 90 seconds until the primary primaryURL
+// names (asked again each time) reports, by query, its standby streaming
+// and synchronous or asynchronous as sync says.
+func awaitStreaming(ctx context.Context, sync bool, primaryURL func() string, query string) error {
 	want := "async"
-	if p.Sync {
+	if sync {
 		want = "sync"
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var state, syncState string
-		err := query1(ctx, p.Primary.URL, `SELECT state, sync_state FROM pg_stat_replication WHERE application_name = $1`, []any{standbyName}, &state, &syncState)
-		if err == nil && state == "streaming" && syncState == want {
-			return nil
-		}
+	var state, syncState string
+	var last error
+	err := until(ctx, 90*time.Second, func() bool {
+		last = query1(ctx, primaryURL(), query, nil, &state, &syncState)
+		return last == nil && state == "streaming" && syncState == want
+	})
+	if err != nil {
+		return fmt.Errorf("the standby is not streaming (%s): %s %s %v: %w", want, state, syncState, last, err)
+	}
+	return nil
+}
+
+// until calls done every 50 ms until it returns true, for at most within.
+func until(ctx context.Context, within time.Duration, done func() bool) error {
+	deadline := time.Now().Add(within)
+	for !done() {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the standby is not streaming (%s) after a minute: %s %s %v", want, state, syncState, err)
+			return fmt.Errorf("gave up after %s", within)
 		}
 		select {
 		case <-ctx.Done():
@@ -99,6 +116,7 @@ func (p *Pair) awaitStreaming(ctx context.Context) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+	return nil
 }
 
 // Fail kills the primary and all its processes (SIGKILL: a crash, with no
@@ -124,8 +142,14 @@ func (p *Pair) Lag(ctx context.Context) (int64, error) {
 // link would: the standby receives nothing more. A synchronous primary's
 // commits wait meanwhile; an asynchronous one's do not. Fail ends it.
 func (p *Pair) Stall(ctx context.Context) error {
+	return stallWALSender(ctx, p.Primary.URL)
+}
+
+// stallWALSender stops (SIGSTOP) the WAL sender of the primary at url,
+// which streams to one standby.
+func stallWALSender(ctx context.Context, url string) error {
 	var pid int
-	if err := query1(ctx, p.Primary.URL, `SELECT pid FROM pg_stat_replication WHERE application_name = $1`, []any{standbyName}, &pid); err != nil {
+	if err := query1(ctx, url, `SELECT pid FROM pg_stat_replication`, nil, &pid); err != nil {
 		return fmt.Errorf("find the primary's WAL sender: %w", err)
 	}
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {

@@ -2,6 +2,7 @@ package pgboot_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 
@@ -39,26 +40,49 @@ func TestSynchronousPairFailsOverWithoutLosingACommit(t *testing.T) {
 	if _, err := pgboot.FindBin(); err != nil {
 		t.Skip(err)
 	}
-	ctx := context.Background()
-	p, err := pgboot.StartPair(ctx, true)
+	p, err := pgboot.StartPair(context.Background(), true)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, p.Stop()) }()
+	failsOverWithoutLosingACommit(t, p.URL, p.Fail)
+}
+
+// The same under Patroni in synchronous_mode, which promotes the standby
+// itself once the killed leader's key expires.
+func TestPatroniFailsOverWithoutLosingACommit(t *testing.T) {
+	t.Parallel()
+	if err := pgboot.PatroniInstalled(); err != nil {
+		// Loudly: a skip is otherwise silent without -v.
+		fmt.Fprintf(os.Stderr, "SKIPPED %s: %v\n", t.Name(), err)
+		t.Skip(err)
+	}
+	p, err := pgboot.StartPatroni(context.Background(), true)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Stop()) }()
+	failsOverWithoutLosingACommit(t, p.URL, p.Fail)
+}
+
+// failsOverWithoutLosingACommit commits a row on url, fails over, and
+// requires url to accept writes again and to have the row.
+func failsOverWithoutLosingACommit(t *testing.T, url string, fail func(context.Context) error) {
+	ctx := context.Background()
 	exec := func(sql string) {
 		t.Helper()
-		conn, err := pgx.Connect(ctx, p.URL)
+		conn, err := pgx.Connect(ctx, url)
 		require.NoError(t, err)
 		defer conn.Close(ctx)
 		_, err = conn.Exec(ctx, sql)
 		require.NoError(t, err)
 	}
 	exec(`CREATE TABLE t (v text); INSERT INTO t VALUES ('before')`)
-	require.NoError(t, p.Fail(ctx))
+	require.NoError(t, fail(ctx))
 	exec(`INSERT INTO t VALUES ('after')`)
 
-	conn, err := pgx.Connect(ctx, p.Standby.URL)
+	conn, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
+	var recovering bool
 	var got string
-	require.NoError(t, conn.QueryRow(ctx, `SELECT string_agg(v, ',' ORDER BY v DESC) FROM t`).Scan(&got))
+	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), string_agg(v, ',' ORDER BY v DESC) FROM t`).Scan(&recovering, &got))
+	require.False(t, recovering, "the URL reaches the promoted standby")
 	require.Equal(t, "before,after", got)
 }

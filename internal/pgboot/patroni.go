@@ -1,0 +1,285 @@
+package pgboot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// Patroni is a throwaway two-node Patroni cluster on this machine, for
+// the failover chaos command under a real HA manager: one etcd as its
+// store, and two Patroni agents, each running a Postgres it initialises
+// or clones and promotes. Patroni, not this package, decides who leads.
+type Patroni struct {
+	// URL connects to whichever node accepts writes (a multi-host
+	// connection string with target_session_attrs=read-write).
+	URL string
+	// Sync says whether Patroni runs in synchronous_mode: a commit waits
+	// for the standby, and only a synchronous standby is promoted.
+	Sync  bool
+	dir   string
+	cred  *syscall.Credential
+	etcd  *exec.Cmd
+	nodes [2]*patroniNode
+}
+
+type patroniNode struct {
+	name  string
+	agent *exec.Cmd
+	pg    *Cluster // its Postgres: URL and data directory
+	dead  bool
+}
+
+// patroniTTL is the leader key's time to live, in seconds: a leader whose
+// agent dies is replaced this long after its last renewal.
+const patroniTTL = 10
+
+// PatroniInstalled reports why a Patroni cluster cannot be started here,
+// or nil: the patroni and etcd commands and Postgres's binaries.
+func PatroniInstalled() error {
+	for _, cmd := range []string{"patroni", "etcd"} {
+		if _, err := exec.LookPath(cmd); err != nil {
+			return fmt.Errorf("%s is not installed (Debian: apt-get install patroni etcd-server)", cmd)
+		}
+	}
+	_, err := FindBin()
+	return err
+}
+
+// StartPatroni starts etcd and two Patroni nodes, and returns once one
+// leads and the other streams from it (synchronously with sync).
+func StartPatroni(ctx context.Context, sync bool) (*Patroni, error) {
+	if err := PatroniInstalled(); err != nil {
+		return nil, err
+	}
+	bin, _ := FindBin()
+	dir, err := os.MkdirTemp("", "ratchet-patroni-")
+	if err != nil {
+		return nil, err
+	}
+	p := &Patroni{Sync: sync, dir: dir}
+	fail := func(err error) (*Patroni, error) {
+		_ = p.Stop()
+		return nil, err
+	}
+	if os.Geteuid() == 0 {
+		if p.cred, err = postgresUser(); err != nil {
+			return fail(err)
+		}
+		if err := os.Chown(dir, int(p.cred.Uid), int(p.cred.Gid)); err != nil {
+			return fail(err)
+		}
+	}
+	ports, err := freePorts(6)
+	if err != nil {
+		return fail(err)
+	}
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	if p.etcd, err = p.spawn("etcd", "etcd", "--data-dir", filepath.Join(dir, "etcd"),
+		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
+		"--listen-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
+		"--initial-advertise-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
+		"--initial-cluster", fmt.Sprintf("default=http://127.0.0.1:%d", ports[1])); err != nil {
+		return fail(err)
+	}
+	for i := range p.nodes {
+		name := fmt.Sprintf("n%d", i+1)
+		pgPort, apiPort := ports[2+2*i], ports[3+2*i]
+		n := &patroniNode{name: name, pg: &Cluster{Bin: bin, Dir: dir, cred: p.cred, data: filepath.Join(dir, name),
+			URL: fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", pgPort)}}
+		config := filepath.Join(dir, name+".yml")
+		if err := os.WriteFile(config, []byte(patroniConfig(name, ports[0], apiPort, pgPort, dir, bin, sync)), 0o644); err != nil {
+			return fail(err)
+		}
+		if n.agent, err = p.spawn(name, "patroni", config); err != nil {
+			return fail(err)
+		}
+		p.nodes[i] = n
+		if i == 0 {
+			// The first node initialises the cluster; the second clones
+			// it once it leads.
+			if _, err := p.leader(ctx, 60*time.Second); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	if err := p.awaitStreaming(ctx); err != nil {
+		return fail(err)
+	}
+	p.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
+		ports[2], ports[4])
+	return p, nil
+}
+
+// patroniConfig is node name's configuration: etcd at etcdPort, its REST
+// API at apiPort, its Postgres at pgPort, trusting local connections.
+func patroniConfig(name string, etcdPort, apiPort, pgPort int, dir, bin string, sync bool) string {
+	return fmt.Sprintf(`scope: ratchet
+name: %[1]s
+restapi:
+  listen: 127.0.0.1:%[3]d
+  connect_address: 127.0.0.1:%[3]d
+etcd3:
+  hosts: 127.0.0.1:%[2]d
+bootstrap:
+  dcs:
+    ttl: %[8]d
+    loop_wait: 1
+    retry_timeout: 4
+    maximum_lag_on_failover: 1073741824
+    synchronous_mode: %[7]t
+    postgresql:
+      use_pg_rewind: false
+      parameters:
+        fsync: "off"
+  initdb:
+    - encoding: UTF8
+    - auth: trust
+  pg_hba:
+    - local all all trust
+    - host all all 127.0.0.1/32 trust
+    - host replication all 127.0.0.1/32 trust
+postgresql:
+  listen: 127.0.0.1:%[4]d
+  connect_address: 127.0.0.1:%[4]d
+  data_dir: %[5]s/%[1]s
+  bin_dir: %[6]s
+  pgpass: %[5]s/%[1]s.pgpass
+  authentication:
+    superuser: {username: postgres}
+    replication: {username: postgres}
+  parameters:
+    unix_socket_directories: %[5]s
+`, name, etcdPort, apiPort, pgPort, dir, bin, sync, patroniTTL)
+}
+
+// spawn starts a long-running process of the cluster, as the postgres
+// user when root, logging to the cluster's directory.
+func (p *Patroni) spawn(logName, name string, args ...string) (*exec.Cmd, error) {
+	log, err := os.Create(filepath.Join(p.dir, logName+".log"))
+	if err != nil {
+		return nil, err
+	}
+	defer log.Close()
+	cmd := exec.Command(name, args...)
+	cmd.Dir = p.dir
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	go func() { _ = cmd.Wait() }() // reaped, so that a killed agent is gone, not a zombie
+	return cmd, nil
+}
+
+// leader waits until a living node's Postgres accepts writes and
+// returns it.
+func (p *Patroni) leader(ctx context.Context, within time.Duration) (*patroniNode, error) {
+	var lead *patroniNode
+	err := until(ctx, within, func() bool {
+		for _, n := range p.nodes {
+			var recovering bool
+			if n != nil && !n.dead && query1(ctx, n.pg.URL, `SELECT pg_is_in_recovery()`, nil, &recovering) == nil && !recovering {
+				lead = n
+				return true
+			}
+		}
+		return false
+	})
+	if err != nil {
+		return nil, fmt.Errorf("no Patroni node leads (logs in %s): %w", p.dir, err)
+	}
+	return lead, nil
+}
+
+// awaitStreaming waits until the leader reports the other node streaming
+// (and, in synchronous mode, synchronous).
+func (p *Patroni) awaitStreaming(ctx context.Context) error {
+	lead, err := p.leader(ctx, 30*time.Second)
+	if err != nil {
+		return err
+	}
+	return awaitStreaming(ctx, p.Sync, func() string { return lead.pg.URL }, `SELECT state, sync_state FROM pg_stat_replication`)
+}
+
+// Fail kills the leading node — its Patroni agent and its Postgres with
+// every process (SIGKILL: a machine lost, no shutdown, no last WAL sent) —
+// and waits until Patroni has promoted the other, once the dead leader's
+// key has expired. Killing the postmaster alone would not do: the agent
+// would restart it in place.
+func (p *Patroni) Fail(ctx context.Context) error {
+	lead, err := p.leader(ctx, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	_ = syscall.Kill(-lead.agent.Process.Pid, syscall.SIGKILL)
+	if err := lead.pg.kill(); err != nil {
+		return err
+	}
+	lead.dead = true
+	_, err = p.leader(ctx, 4*patroniTTL*time.Second)
+	return err
+}
+
+// Lag is how many bytes of WAL the leader has written that the standby
+// has not yet flushed: what a promotion now would lose.
+func (p *Patroni) Lag(ctx context.Context) (int64, error) {
+	lead, err := p.leader(ctx, 10*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	var lag int64
+	err = query1(ctx, lead.pg.URL, `SELECT coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)), 0)::bigint FROM pg_stat_replication`, nil, &lag)
+	return lag, err
+}
+
+// Stall stops the leader's WAL sender (SIGSTOP), as a slow or broken link
+// would. Fail ends it.
+func (p *Patroni) Stall(ctx context.Context) error {
+	lead, err := p.leader(ctx, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	return stallWALSender(ctx, lead.pg.URL)
+}
+
+// Stop kills the agents, their servers and etcd, and deletes the
+// cluster's directory.
+func (p *Patroni) Stop() error {
+	var errs []error
+	for _, n := range p.nodes {
+		if n == nil || n.dead {
+			continue
+		}
+		_ = syscall.Kill(-n.agent.Process.Pid, syscall.SIGKILL)
+		if _, err := os.Stat(filepath.Join(n.pg.data, "postmaster.pid")); err == nil {
+			errs = append(errs, n.pg.kill())
+		}
+	}
+	if p.etcd != nil {
+		_ = syscall.Kill(-p.etcd.Process.Pid, syscall.SIGKILL)
+	}
+	return errors.Join(append(errs, os.RemoveAll(p.dir))...)
+}
+
+// freePorts returns n distinct free ports.
+func freePorts(n int) ([]int, error) {
+	seen := map[int]bool{}
+	var ports []int
+	for len(ports) < n {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		if !seen[port] {
+			seen[port] = true
+			ports = append(ports, port)
+		}
+	}
+	return ports, nil
+}
