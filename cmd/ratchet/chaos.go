@@ -59,7 +59,7 @@ func (c *chaosFailoverCmd) Run(e *env) error {
 		"%s.\n",
 		c.Payments, c.Concurrency, c.FailAfter, c.Stall, c.StaleAfter, promoter[c.Manager])
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "replication\tkey format\tWAL behind at failover\tsucceeded\tacknowledged before\tacknowledged runs lost, sent again\tsteps repeated, same key\tduplicate charges\treceipts redelivered, same id\tduplicate receipts\tmissing receipts\tfailover to all done\t")
+	fmt.Fprintln(tw, "replication\tkey format\tWAL behind at failover\tsucceeded\tacknowledged before\tacknowledged runs lost, sent again\tsteps repeated, same key\tduplicate charges\treceipts redelivered, same id\tduplicate receipts\tmissing receipts\tkill to first answer\tfailover to all done\t")
 	for _, mode := range c.Replication {
 		for _, format := range c.KeyFormats {
 			fmt.Fprintf(e.stderr, "%s replication, key format %d: starting a primary and a standby\n", mode, format)
@@ -86,6 +86,7 @@ type failoverPair interface {
 	Stall(context.Context) error
 	Lag(context.Context) (int64, error)
 	Fail(context.Context) error
+	KilledAt() time.Time // when Fail's kill had completed
 	Stop() error
 }
 
@@ -109,7 +110,7 @@ func (c *chaosFailoverCmd) startPair(ctx context.Context, synchronous bool) (fai
 // ack is a payment's answer as its client saw it.
 type ack struct {
 	runID, status string
-	at            time.Time
+	sent, at      time.Time // the answered request's sending, the answer's arrival
 }
 
 // once runs the failover on a fresh pair and returns the row's cells but
@@ -218,6 +219,20 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 		return "", err
 	}
 	wg.Wait()
+	// The first answer to a request sent after the kill: how long clients
+	// went unanswered (a request sent before the kill may have been
+	// answered by the old primary, which says nothing of the new one).
+	firstAnswer := "-"
+	var first time.Duration
+	killed := pair.KilledAt()
+	for _, a := range acks {
+		if a.sent.After(killed) && (first == 0 || a.at.Sub(killed) < first) {
+			first = a.at.Sub(killed)
+		}
+	}
+	if first > 0 {
+		firstAnswer = first.Round(100 * time.Millisecond).String()
+	}
 
 	// Runs whose clients had their answer before a later state was lost
 	// are finished by the worker's recoverer: wait for the runs in flight.
@@ -322,8 +337,9 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 			missingReceipts++
 		}
 	}
-	return fmt.Sprintf("%d\t%d/%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s",
-		lag, succeeded, c.Payments, len(before), len(lost), repeated, duplicates, redelivered, dupReceipts, missingReceipts, allDone.Round(100*time.Millisecond)), nil
+	return fmt.Sprintf("%d\t%d/%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s",
+		lag, succeeded, c.Payments, len(before), len(lost), repeated, duplicates, redelivered, dupReceipts, missingReceipts,
+		firstAnswer, allDone.Round(100*time.Millisecond)), nil
 }
 
 func chaosKey(i int) string   { return fmt.Sprintf("failover-%d", i) }
@@ -370,6 +386,7 @@ func postPayment(ctx context.Context, client *http.Client, base string, i int) (
 	}
 	req.Header.Set("Idempotency-Key", chaosKey(i))
 	req.Header.Set("Content-Type", "application/json")
+	sent := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {
 		return ack{}, false
@@ -386,5 +403,5 @@ func postPayment(ctx context.Context, client *http.Client, base string, i int) (
 	if json.Unmarshal(b, &run) != nil || (run.Status != "succeeded" && run.Status != "failed") {
 		return ack{}, false
 	}
-	return ack{runID: run.ID, status: run.Status, at: time.Now()}, true
+	return ack{runID: run.ID, status: run.Status, sent: sent, at: time.Now()}, true
 }

@@ -23,8 +23,9 @@ type Pair struct {
 	// connection string with target_session_attrs=read-write).
 	URL string
 	// Sync says whether commits wait for the standby to have the WAL.
-	Sync bool
-	dir  string
+	Sync     bool
+	dir      string
+	killedAt time.Time
 }
 
 // standbyName is the standby's application_name, the name the primary's
@@ -126,9 +127,14 @@ func (p *Pair) Fail(ctx context.Context) error {
 	if err := p.Primary.kill(); err != nil {
 		return err
 	}
+	p.killedAt = time.Now()
 	p.Primary.stopped = true
 	return p.Standby.run(ctx, "pg_ctl", "-D", p.Standby.data, "-w", "-t", "60", "promote")
 }
+
+// KilledAt is when Fail's kill had completed: no answer can come from the
+// old primary after it.
+func (p *Pair) KilledAt() time.Time { return p.killedAt }
 
 // Lag is how many bytes of WAL the primary has written that the standby
 // has not yet received and flushed: what a promotion now would lose.

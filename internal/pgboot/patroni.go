@@ -21,11 +21,12 @@ type Patroni struct {
 	URL string
 	// Sync says whether Patroni runs in synchronous_mode: a commit waits
 	// for the standby, and only a synchronous standby is promoted.
-	Sync  bool
-	dir   string
-	cred  *syscall.Credential
-	etcd  *exec.Cmd
-	nodes [2]*patroniNode
+	Sync     bool
+	dir      string
+	cred     *syscall.Credential
+	etcd     *exec.Cmd
+	nodes    [2]*patroniNode
+	killedAt time.Time
 }
 
 type patroniNode struct {
@@ -221,10 +222,14 @@ func (p *Patroni) Fail(ctx context.Context) error {
 	if err := lead.pg.kill(); err != nil {
 		return err
 	}
+	p.killedAt = time.Now()
 	lead.dead = true
 	_, err = p.leader(ctx, 4*patroniTTL*time.Second)
 	return err
 }
+
+// KilledAt is when Fail's kill had completed.
+func (p *Patroni) KilledAt() time.Time { return p.killedAt }
 
 // Lag is how many bytes of WAL the leader has written that the standby
 // has not yet flushed: what a promotion now would lose.
