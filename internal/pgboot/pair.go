@@ -70,24 +70,16 @@ func StartPair(ctx context.Context, sync bool) (*Pair, error) {
 			return fail(err)
 		}
 	}
-	if err := p.awaitStreaming(ctx); err != nil {
+	if err := awaitStreaming(ctx, primary.URL, sync); err != nil {
 		return fail(err)
 	}
 	p.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%s,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write", primaryPort, port)
 	return p, nil
 }
 
-// awaitStreaming waits until the primary reports the standby streaming
-// (and, for a synchronous pair, synchronous).
-func (p *Pair) awaitStreaming(ctx context.Context) error {
-	return awaitStreaming(ctx, p.Sync, func() string { return p.Primary.URL },
-		`SELECT state, sync_state FROM pg_stat_replication WHERE application_name = '`+standbyName+`'`)
-}
-
-// awaitStreaming waits up to 90 seconds until the primary primaryURL
-// names (asked again each time) reports, by query, its standby streaming
-// and synchronous or asynchronous as sync says.
-func awaitStreaming(ctx context.Context, sync bool, primaryURL func() string, query string) error {
+// awaitStreaming waits up to 90 seconds until the primary at url reports
+// its one standby streaming, and synchronous or asynchronous as sync says.
+func awaitStreaming(ctx context.Context, url string, sync bool) error {
 	want := "async"
 	if sync {
 		want = "sync"
@@ -95,7 +87,7 @@ func awaitStreaming(ctx context.Context, sync bool, primaryURL func() string, qu
 	var state, syncState string
 	var last error
 	err := until(ctx, 90*time.Second, func() bool {
-		last = query1(ctx, primaryURL(), query, nil, &state, &syncState)
+		last = query1(ctx, url, `SELECT state, sync_state FROM pg_stat_replication`, nil, &state, &syncState)
 		return last == nil && state == "streaming" && syncState == want
 	})
 	if err != nil {
@@ -139,8 +131,14 @@ func (p *Pair) KilledAt() time.Time { return p.killedAt }
 // Lag is how many bytes of WAL the primary has written that the standby
 // has not yet received and flushed: what a promotion now would lose.
 func (p *Pair) Lag(ctx context.Context) (int64, error) {
+	return lagOf(ctx, p.Primary.URL)
+}
+
+// lagOf is how many bytes of WAL the primary at url has written that its
+// standby has not yet flushed.
+func lagOf(ctx context.Context, url string) (int64, error) {
 	var lag int64
-	err := query1(ctx, p.Primary.URL, `SELECT coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)), 0)::bigint FROM pg_stat_replication`, nil, &lag)
+	err := query1(ctx, url, `SELECT coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)), 0)::bigint FROM pg_stat_replication`, nil, &lag)
 	return lag, err
 }
 

@@ -109,7 +109,11 @@ func StartPatroni(ctx context.Context, sync bool) (*Patroni, error) {
 			}
 		}
 	}
-	if err := p.awaitStreaming(ctx); err != nil {
+	lead, err := p.leader(ctx, 30*time.Second)
+	if err != nil {
+		return fail(err)
+	}
+	if err := awaitStreaming(ctx, lead.pg.URL, sync); err != nil {
 		return fail(err)
 	}
 	p.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
@@ -198,16 +202,6 @@ func (p *Patroni) leader(ctx context.Context, within time.Duration) (*patroniNod
 	return lead, nil
 }
 
-// awaitStreaming waits until the leader reports the other node streaming
-// (and, in synchronous mode, synchronous).
-func (p *Patroni) awaitStreaming(ctx context.Context) error {
-	lead, err := p.leader(ctx, 30*time.Second)
-	if err != nil {
-		return err
-	}
-	return awaitStreaming(ctx, p.Sync, func() string { return lead.pg.URL }, `SELECT state, sync_state FROM pg_stat_replication`)
-}
-
 // Fail kills the leading node — its Patroni agent and its Postgres with
 // every process (SIGKILL: a machine lost, no shutdown, no last WAL sent) —
 // and waits until Patroni has promoted the other, once the dead leader's
@@ -238,9 +232,7 @@ func (p *Patroni) Lag(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	var lag int64
-	err = query1(ctx, lead.pg.URL, `SELECT coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)), 0)::bigint FROM pg_stat_replication`, nil, &lag)
-	return lag, err
+	return lagOf(ctx, lead.pg.URL)
 }
 
 // Stall stops the leader's WAL sender (SIGSTOP), as a slow or broken link
