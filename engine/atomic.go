@@ -72,6 +72,14 @@ func phase[T any](ctx context.Context, name string, kind PhaseKind, run func(ctx
 		// No phase begins on a lease that may be another executor's.
 		return zero, cause
 	}
+	if kind != KindAtomic {
+		// Any other phase may act outside the process (a call downstream,
+		// a wait): the step result the execution holds is durable first.
+		// An atomic phase carries it in its own transaction (runAtomic).
+		if err := ex.flush(ctx); err != nil {
+			return zero, err
+		}
+	}
 	memo, seq, err := ex.enter(name)
 	if err != nil {
 		return zero, err
@@ -102,6 +110,11 @@ func phase[T any](ctx context.Context, name string, kind PhaseKind, run func(ctx
 		// "dies" before anything else is written.
 		ex.lose(crashpoint.ErrCrashed)
 		out, err = zero, crashpoint.ErrCrashed
+	}
+	if err == nil && memo == nil && ex.holdEnd(seq, end) {
+		// A step whose result the execution holds: its end waits for the
+		// commit that makes the result durable (deferred.go).
+		return out, nil
 	}
 	end(err)
 	return out, err
@@ -139,13 +152,23 @@ func runAtomic[T any](ctx context.Context, ex *execution, seq int, name string, 
 	if err != nil {
 		return zero, err
 	}
-	cancel, err := ex.commitPhase(ctx, tx, phaseRecord{seq: seq, name: name, kind: KindAtomic, output: raw, attempts: 1,
-		compensable: opts.Compensate != nil, pivot: opts.Pivot})
+	carried, err := ex.carry(ctx, tx)
 	if err != nil {
 		return zero, err
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return zero, ex.breakOff(fmt.Errorf("engine: phase %q: commit: %w", name, err))
+	cancel, err := ex.commitPhase(ctx, tx, phaseRecord{seq: seq, name: name, kind: KindAtomic, output: raw, attempts: 1,
+		compensable: opts.Compensate != nil, pivot: opts.Pivot})
+	if err == nil {
+		if err = tx.Commit(ctx); err != nil {
+			err = ex.breakOff(fmt.Errorf("engine: phase %q: commit: %w", name, err))
+		}
+	}
+	if carried != nil {
+		// The step's result committed (or failed to) with this phase.
+		ex.settle(carried, cancel, err) //nolint:errcheck // err is returned below
+	}
+	if err != nil {
+		return zero, err
 	}
 	ex.committed(name, cancel)
 	if opts.Pivot {
@@ -214,12 +237,18 @@ FROM (SELECT EXISTS (SELECT 1 FROM journaled) AS committed) outcome`
 // here) or a lease-lost error (the execution is cancelled); either way the
 // caller must roll back. cancel reports a cancellation to honour at the
 // next boundary.
+//
+// A commit by itself first commits the step result the execution holds
+// (see deferStep), so that the journal stays in order.
 func (ex *execution) commitPhase(ctx context.Context, tx pgx.Tx, p phaseRecord) (cancel bool, err error) {
-	pc := &phaseCommit{phaseRecord: p, runID: ex.run.ID, token: ex.run.LeaseToken}
-	if p.err != nil {
-		if pc.errJSON, err = json.Marshal(p.err); err != nil {
+	if tx == nil {
+		if err := ex.flush(ctx); err != nil {
 			return false, err
 		}
+	}
+	pc, err := ex.phaseCommit(p)
+	if err != nil {
+		return false, err
 	}
 	var out phaseOutcome
 	var db dbtx = ex.c.pool
@@ -250,6 +279,18 @@ func (ex *execution) commitPhase(ctx context.Context, tx pgx.Tx, p phaseRecord) 
 	ex.cancelled, ex.stopped = true, true
 	ex.mu.Unlock()
 	return false, ErrCancelled
+}
+
+// phaseCommit is p, fenced by the execution's lease, ready to send.
+func (ex *execution) phaseCommit(p phaseRecord) (*phaseCommit, error) {
+	pc := &phaseCommit{phaseRecord: p, runID: ex.run.ID, token: ex.run.LeaseToken}
+	if p.err != nil {
+		var err error
+		if pc.errJSON, err = json.Marshal(p.err); err != nil {
+			return nil, err
+		}
+	}
+	return pc, nil
 }
 
 // commitFailure journals a phase's permanent failure, fenced, and returns

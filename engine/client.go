@@ -78,6 +78,16 @@ type Config struct {
 	// DefaultCommitWindow; a negative value sends every statement alone.
 	CommitWindow time.Duration
 
+	// CommitStepsAlone commits each step's result by itself before Step
+	// returns, as releases before it did. By default a step's result is
+	// committed by the run's next commit — the next atomic phase's
+	// transaction or the run's finish, when one follows the step — and
+	// before any other phase begins: one durable wait less per such step,
+	// and nothing downstream sees the result before it is durable
+	// (docs/performance.md). Set it when code outside the engine must find
+	// the step journaled as soon as Step returns.
+	CommitStepsAlone bool
+
 	// Retry says when a run that failed retryably is executed again, and
 	// when it gives up, for workflows without a RetryPolicy of their own
 	// (WorkflowOpts.Retry). Its zero value retries for ever, waiting 1s

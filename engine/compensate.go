@@ -168,6 +168,11 @@ SELECT id, $4, $3, 'compensation', $6, 1, now(), clock_timestamp(), attempt FROM
 // then finishes the run compensated), the park's error when an undo
 // failed permanently, or the error that ended it otherwise (retried).
 func (c *Client) compensate(ctx context.Context, ex *execution, cause *RunError) error {
+	// A step result the execution holds is journaled first: its undo is
+	// among those to run, and a resumed compensation finds it there.
+	if err := ex.flush(ctx); err != nil {
+		return err
+	}
 	ex.mu.Lock()
 	begun, undos := ex.compensating, append([]*compensator(nil), ex.undos...)
 	ex.mu.Unlock()

@@ -38,6 +38,9 @@ type execution struct {
 	// cancelled, once set, stops the run at the next phase boundary;
 	// stopped records that it did, whatever the workflow then returns.
 	cancelled, stopped bool
+	// deferred is a step's result committed in memory but not yet in the
+	// journal (deferred.go).
+	deferred *deferredStep
 	// superseded records that leaseLost has reported the lease lost.
 	superseded bool
 	// parked, once set, is the run as a waiting phase parked it: the
@@ -120,6 +123,7 @@ func (c *Client) execute(ctx context.Context, def definition, run *Run, journal 
 	stopHeartbeat()
 
 	final, err := c.conclude(ctx, ex, output, err)
+	ex.drop(err) // a step result no conclusion committed: the lease is lost, or the process crashed
 	status := run.Status
 	if final != nil {
 		status = final.Status
@@ -187,6 +191,9 @@ func (c *Client) conclude(ctx context.Context, ex *execution, output []byte, err
 		return nil, fmt.Errorf("engine: run %s: %w", ex.run.ID, ErrLeaseLost) // leaseLost logged it
 	}
 	if errors.Is(context.Cause(ctx), ErrShutdown) {
+		if err := ex.flush(ctx); errors.Is(err, ErrLeaseLost) {
+			return nil, err
+		}
 		run, err := c.handOver(ctx, ex.run)
 		if errors.Is(err, ErrLeaseLost) {
 			return nil, ex.leaseLost(ctx)
@@ -210,6 +217,9 @@ func (c *Client) conclude(ctx context.Context, ex *execution, output []byte, err
 		// execution is detached from the caller's context). The run is
 		// released at once, as in a shutdown, rather than left leased
 		// until its lease expires: another executor continues it.
+		if err := ex.flush(ctx); errors.Is(err, ErrLeaseLost) {
+			return nil, err
+		}
 		run, err := c.release(ctx, ex.run, "execution stopped by its caller: released the run for another executor")
 		if errors.Is(err, ErrLeaseLost) {
 			return nil, ex.leaseLost(ctx)
@@ -261,7 +271,12 @@ const releasedStatus = `CASE WHEN status = 'compensating' THEN status ELSE 'pend
 // finishSQL ends a run: status, output or error, expiry, and the lease
 // released, in one fenced statement.
 const finishSQL = `
-UPDATE ratchet.runs SET
+UPDATE ratchet.runs SET ` + finishColumns + `
+WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
+RETURNING ` + runColumns
+
+// finishColumns are what a finish sets.
+const finishColumns = `
 	status = $3,
 	output = $4,
 	error = $5,
@@ -271,18 +286,33 @@ UPDATE ratchet.runs SET
 	lease_owner = NULL,
 	lease_expires_at = NULL,
 	next_attempt_at = NULL,
-	updated_at = now()
-WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
-RETURNING ` + runColumns
+	updated_at = now()`
 
+// finish ends the run with status. A step result the execution holds is
+// journaled by the same statement (finishWithPhaseSQL).
 func (c *Client) finish(ctx context.Context, ex *execution, status Status, output []byte, runErr *RunError) (*Run, error) {
-	run, ok, err := c.commits.queryRun(ctx, finishSQL,
-		ex.run.ID, ex.run.LeaseToken, status, output, runErr, ex.def.ttl(status), ex.def.responseStatus(status, runErr))
-	if err != nil {
-		return nil, fmt.Errorf("engine: finish run %s: %w", ex.run.ID, err)
+	d := ex.takeDeferred()
+	sql, args, err := ex.finishArgs(d, status, output, runErr)
+	var run *Run
+	if err == nil {
+		var ok bool
+		run, ok, err = c.commits.queryRun(ctx, sql, args...)
+		switch {
+		case err != nil:
+			err = fmt.Errorf("engine: finish run %s: %w", ex.run.ID, err)
+		case !ok:
+			err = ex.leaseLost(ctx)
+		}
 	}
-	if !ok {
-		return nil, ex.leaseLost(ctx)
+	if d != nil {
+		var stepErr error
+		if err != nil {
+			stepErr = fmt.Errorf("engine: phase %q: commit journal with the run's finish: %w", d.rec.name, err)
+		}
+		ex.settle(d, false, stepErr) //nolint:errcheck // err is returned below
+	}
+	if err != nil {
+		return nil, err
 	}
 	c.tel.runsFinished.Add(ctx, 1, metric.WithAttributes(attrWorkflow.String(run.Workflow), attrStatus.String(string(status))))
 	ex.gaveUpSlot()
@@ -330,6 +360,10 @@ func (c *Client) retryLater(ctx context.Context, ex *execution, cause error, run
 		c.logger.WarnContext(ctx, "run failed retryably and its retry policy gives up",
 			slog.String("run_id", ex.run.ID), slog.Int("attempt", ex.run.Attempt), slog.String("error", runErr.Message))
 		return c.finish(ctx, ex, StatusFailed, nil, exhausted(ex.run.Attempt, runErr))
+	}
+	// The step result the execution holds is kept: the call happened.
+	if err := ex.flush(ctx); errors.Is(err, ErrLeaseLost) {
+		return nil, err
 	}
 	run, ok, err := queryRun(ctx, c.pool, retrySQL, ex.run.ID, ex.run.LeaseToken, runErr, backoff)
 	if err != nil {

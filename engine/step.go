@@ -10,6 +10,7 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/ratchet-run/ratchet/internal/crashpoint"
 	"github.com/ratchet-run/ratchet/steps"
 )
 
@@ -62,7 +63,11 @@ type StepOpts[T any] struct {
 // Idempotency-Key without further code.
 //
 // When fn succeeds, its result is committed as the phase, fenced by the
-// lease token, in a single statement. When it fails permanently (see
+// lease token, by the run's next commit: with the next atomic phase's
+// transaction or the run's finish when one of those follows, and by
+// itself before any other phase begins (Config.CommitStepsAlone commits
+// it before Step returns). Nothing the workflow does can reach downstream
+// before it is durable. When it fails permanently (see
 // steps.Classify), the failure is committed instead, so that a resumed run
 // gets the same error without calling again. When the policy gives up on a
 // retryable or indeterminate failure, nothing is committed and the error is
@@ -181,6 +186,13 @@ func runStep[T any](ctx context.Context, ex *execution, seq int, name string, ke
 	}
 	rec.output = raw
 	rec.compensable = opts.Compensate != nil
+	if !ex.c.cfg.CommitStepsAlone && !crashpoint.Hit(ctx, name) {
+		// Committed by the run's next commit (deferred.go). The test kit's
+		// crash after this step commits it alone: the crash lands where
+		// it names, with nothing written after the step.
+		ex.deferStep(rec)
+		return out, nil
+	}
 	cancel, err := ex.commitPhase(commitCtx, nil, rec)
 	if err != nil {
 		return zero, err

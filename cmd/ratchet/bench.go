@@ -19,7 +19,7 @@ import (
 type benchCmd struct {
 	Engines     benchEnginesCmd     `cmd:"" default:"withargs" help:"Runs per second, round trips, commits and WAL of a plain engine against a worker's (the default)."`
 	History     benchHistoryCmd     `cmd:"" help:"WAL, full-page images and bytes per run as history grows, seeding the history by SQL."`
-	Commits     benchCommitsCmd     `cmd:"" help:"Phase commits per second with commit coalescing off and on, against one durable transaction per phase."`
+	Commits     benchCommitsCmd     `cmd:"" help:"Phase commits per second with commit coalescing off and on, and step results alone or with the next commit, against one durable transaction per phase."`
 	Retention   benchRetentionCmd   `cmd:"" help:"Prune rate at volume, and the hot path's rate with no pruning, paced pruning and pruning flat out."`
 	Scale       benchScaleCmd       `cmd:"" help:"Payments over HTTP to 1, 2 and 4 ratchet serve processes against one Postgres: throughput, latency, and where the ceiling is."`
 	Concurrency benchConcurrencyCmd `cmd:"" help:"Runs over many keys with a per-key limit and through a rate-limited queue: throughput and how closely the limits held; and what the feature costs a run that declares none."`
@@ -91,7 +91,7 @@ func (c *benchRetentionCmd) Run(e *env) error {
 
 type benchCommitsCmd struct {
 	dbFlags
-	Concurrency []int         `name:"concurrency" default:"16,64" help:"Numbers of callers measured."`
+	Concurrency []int         `name:"concurrency" default:"1,16,64" help:"Numbers of callers measured."`
 	Runs        int           `name:"runs" default:"3000" help:"Runs (or bare transactions) per measurement."`
 	Rounds      int           `name:"rounds" default:"5" help:"Measurements per configuration and concurrency, in turn; medians are shown."`
 	Window      time.Duration `name:"window" default:"500us" help:"The engine's commit window when coalescing."`

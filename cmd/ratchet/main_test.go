@@ -271,14 +271,19 @@ func TestBenchComparesBothEnginesInAScratchDatabaseItDrops(t *testing.T) {
 	require.Contains(t, errOut, "--phases 0")
 }
 
-// bench commits measures the engine with coalescing off and on against
-// the bare transaction, at each concurrency, in a scratch database.
+// bench commits measures the engine with coalescing off and on, and step
+// results alone or with the next commit, against the bare transaction, at
+// each concurrency, in a scratch database: alone, a run of three steps is
+// five commits with each step's result by itself, four with the last one
+// in the finish.
 func TestBenchCommitsComparesCoalescingWithTheBareTransaction(t *testing.T) {
 	t.Parallel()
 	code, out, errOut := runMain(t, "bench", "commits", "--database-url", testdb.NewURL(t), "--runs", "40", "--rounds", "1", "--concurrency", "1,4")
 	require.Equal(t, 0, code, errOut)
 	for _, c := range []string{"1", "4"} {
-		for _, row := range []string{`bare-tx\s+-\s+\d+`, `bare-stmt\s+-\s+\d+`, `alone\s+\d+\s+\d+.*\s5\.\d\d\s+5\.\d\d\s+-\s`, `coalesced\s+\d+\s+\d+`} {
+		for _, row := range []string{`bare-tx\s+-\s+\d+`, `bare-stmt\s+-\s+\d+`,
+			`alone/steps-apart\s+\d+\s+\d+.*\s5\.\d\d\s+5\.\d\d\s+-\s`, `alone\s+\d+\s+\d+.*\s4\.\d\d\s+4\.\d\d\s+-\s`,
+			`coalesced/steps-apart\s+\d+\s+\d+`, `coalesced\s+\d+\s+\d+`} {
 			require.Regexp(t, `(?m)^\s+`+c+`\s+`+row, out)
 		}
 	}

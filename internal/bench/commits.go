@@ -20,8 +20,8 @@ import (
 
 // CommitsOptions configure Commits. Zero fields take the defaults given.
 type CommitsOptions struct {
-	// Concurrencies lists the numbers of callers measured. Defaults to 16
-	// and 64.
+	// Concurrencies lists the numbers of callers measured. Defaults to 1,
+	// 16 and 64.
 	Concurrencies []int
 	// Runs is the number of runs (or bare transactions) of one
 	// measurement. Defaults to 3000.
@@ -36,7 +36,7 @@ type CommitsOptions struct {
 
 func (o CommitsOptions) withDefaults() CommitsOptions {
 	if len(o.Concurrencies) == 0 {
-		o.Concurrencies = []int{16, 64}
+		o.Concurrencies = []int{1, 16, 64}
 	}
 	if o.Runs == 0 {
 		o.Runs = 3000
@@ -52,7 +52,8 @@ func (o CommitsOptions) withDefaults() CommitsOptions {
 
 // stepsWorkflow is the workflow Commits drives: three steps that call
 // nothing, so that a run is its start, three step results and its finish,
-// each one fenced statement.
+// each one fenced statement — the last step's result in the finish's
+// statement unless step results commit alone.
 const stepsWorkflow = "steps3"
 
 // Bare is the ceiling a phase commit is measured against: one durable
@@ -116,7 +117,20 @@ func registerSteps(workflows *engine.Workflows) error {
 
 // commitConfigs are what Commits measures, in this order in a round
 // (reversed every other round).
-var commitConfigs = []string{"bare-tx", "bare-stmt", "alone", "coalesced"}
+var commitConfigs = []string{"bare-tx", "bare-stmt", "alone/steps-apart", "alone", "coalesced/steps-apart", "coalesced"}
+
+// engineConfigs are the engine's configurations among commitConfigs: the
+// commit window (negative: coalescing off) and whether each step's result
+// commits by itself (engine.Config.CommitStepsAlone, as before the last
+// step's result rode with the finish).
+var engineConfigs = map[string]struct {
+	coalesce, stepsAlone bool
+}{
+	"alone/steps-apart":     {false, true},
+	"alone":                 {false, false},
+	"coalesced/steps-apart": {true, true},
+	"coalesced":             {true, false},
+}
 
 // Commits measures, on pool (a migrated database of its own, whose
 // connections counter traces), the rate of phase commits of a workflow of
@@ -135,11 +149,11 @@ func Commits(ctx context.Context, pool *pgxpool.Pool, counter *Counter, opts Com
 	// The engine measured is a started worker's, as in a serve process: its
 	// recoverer polls and River runs beside the runs measured. Each
 	// configuration's worker runs only during its own measurements.
-	windows := map[string]time.Duration{"alone": -1, "coalesced": opts.Window}
 	fmt.Fprintf(out, "%d runs (or bare transactions) a measurement, %d rounds, commit window %s: rates and latencies are medians of rounds,\n"+
 		"the ratios the median of each round's (with its lowest and highest); round trips and commits per run are over all rounds\n"+
 		"and include the worker's own background work (polls, River).\n"+
-		"A run is a start, three step results (phases) and a finish, started and executed inline by a started worker's engine; a bare transaction writes what one phase does.\n",
+		"A run is a start, three step results (phases) and a finish, started and executed inline by a started worker's engine; a bare transaction writes what one phase does.\n"+
+		"steps-apart: each step's result commits by itself (engine.Config.CommitStepsAlone); otherwise the last one commits with the run's finish.\n",
 		opts.Runs, opts.Rounds, opts.Window)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "callers\tconfiguration\truns/s\tphases/s\tp50 ms\tp99 ms\tround trips/run\tcommits/run\tstatements/batch\tphases/s ÷ bare-tx/s\tphases/s ÷ bare-stmt/s\t")
@@ -165,7 +179,12 @@ func Commits(ctx context.Context, pool *pgxpool.Pool, counter *Counter, opts Com
 				case "bare-stmt":
 					op = bare.Stmt(2*round + 1)
 				default:
-					w, err := worker.New(pool, &worker.Config{Engine: engine.Config{Workflows: workflows, CommitWindow: windows[name]}})
+					cfg := engineConfigs[name]
+					window := time.Duration(-1)
+					if cfg.coalesce {
+						window = opts.Window
+					}
+					w, err := worker.New(pool, &worker.Config{Engine: engine.Config{Workflows: workflows, CommitWindow: window, CommitStepsAlone: cfg.stepsAlone}})
 					if err != nil {
 						return err
 					}
@@ -195,7 +214,7 @@ func Commits(ctx context.Context, pool *pgxpool.Pool, counter *Counter, opts Com
 				byConfig[name] = append(byConfig[name], measurement{Result: res, counts: counts})
 				fmt.Fprintf(progress, "  %d in %s: %.0f/s\n", res.Ops, res.Elapsed.Round(time.Millisecond), res.Rate())
 			}
-			for _, name := range []string{"alone", "coalesced"} {
+			for name := range engineConfigs {
 				phases := 3 * byConfig[name][round].Rate()
 				ratios[name] = append(ratios[name], phases/byConfig["bare-tx"][round].Rate())
 				ratios[name+"/stmt"] = append(ratios[name+"/stmt"], phases/byConfig["bare-stmt"][round].Rate())
@@ -213,7 +232,7 @@ func Commits(ctx context.Context, pool *pgxpool.Pool, counter *Counter, opts Com
 				slices.Sort(r)
 				return fmt.Sprintf("%.2f (%.2f–%.2f)", r[len(r)/2], r[0], r[len(r)-1])
 			}
-			if name == "alone" || name == "coalesced" {
+			if _, ok := engineConfigs[name]; ok {
 				runs, phases = fmt.Sprintf("%.0f", med.Rate()), fmt.Sprintf("%.0f", 3*med.Rate())
 			}
 			if all.counts.Batches > 0 {
