@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -113,6 +116,11 @@ func TestDatabaseFaultsAreUnavailableAndSayWhenToRetry(t *testing.T) {
 		}
 	}
 	require.Equal(t, []string{"1"}, api.ProblemHeaders(engine.ErrShutdown)["Retry-After"], "shutting down")
+	// The connection broke under a statement, as a switchover's shutdown
+	// or a killed server leaves it.
+	require.Equal(t, http.StatusServiceUnavailable, api.StatusOf(fmt.Errorf("engine: claim key: %w", io.ErrUnexpectedEOF)))
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+	require.Equal(t, http.StatusServiceUnavailable, api.StatusOf(fmt.Errorf("engine: claim key: %w", reset)))
 }
 
 // The database ending the API's sessions (as a restart does: SQLSTATE

@@ -3,6 +3,8 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"io"
+	"net"
 	"net/http"
 
 	"github.com/jackc/pgerrcode"
@@ -97,8 +99,14 @@ func problemFor(err error) problem {
 				Title: "The database is read-only (a failover is under way); retry later"}
 		}
 	}
+	// A connection that broke under a statement — the server shut down or
+	// vanished mid-answer, as in a failover — leaves the statement's
+	// outcome unknown: still the database's unavailability, which the
+	// client's retry with its key resolves.
 	var connErr *pgconn.ConnectError
-	if errors.As(err, &connErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
+	var netErr *net.OpError
+	if errors.As(err, &connErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &netErr) {
 		return unavailable
 	}
 	return problem{Status: http.StatusInternalServerError, Code: codeInternal, Title: "Internal error"}

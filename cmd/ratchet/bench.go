@@ -95,6 +95,7 @@ type benchCommitsCmd struct {
 	Runs        int           `name:"runs" default:"3000" help:"Runs (or bare transactions) per measurement."`
 	Rounds      int           `name:"rounds" default:"5" help:"Measurements per configuration and concurrency, in turn; medians are shown."`
 	Window      time.Duration `name:"window" default:"500us" help:"The engine's commit window when coalescing."`
+	Configs     []string      `name:"configs" help:"Configurations measured (default all): bare-tx, bare-stmt, alone/steps-apart, alone, coalesced/steps-apart, coalesced."`
 }
 
 // Run measures commit coalescing in a database of its own, created on the
@@ -114,7 +115,7 @@ func (c *benchCommitsCmd) Run(e *env) error {
 	}
 	defer done()
 	return bench.Commits(e.ctx, pool, counter, bench.CommitsOptions{
-		Concurrencies: c.Concurrency, Runs: c.Runs, Rounds: c.Rounds, Window: c.Window,
+		Concurrencies: c.Concurrency, Runs: c.Runs, Rounds: c.Rounds, Window: c.Window, Configs: c.Configs,
 	}, e.stdout, e.stderr)
 }
 

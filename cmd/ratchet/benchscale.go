@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
@@ -203,6 +205,40 @@ func (c *benchScaleCmd) measure(e *env, pool *pgxpool.Pool, client *http.Client,
 type serveProc struct {
 	cmd  *exec.Cmd
 	base string // its API's base URL
+	// readOnly counts the connections its pool dropped for meeting a
+	// read-only server (its log's readOnlyDropped records).
+	readOnly lineCounter
+}
+
+// lineCounter counts the lines written to it that contain want.
+type lineCounter struct {
+	want    string
+	mu      sync.Mutex
+	partial []byte
+	n       int
+}
+
+func (c *lineCounter) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.partial = append(c.partial, p...)
+	for {
+		i := bytes.IndexByte(c.partial, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		if bytes.Contains(c.partial[:i], []byte(c.want)) {
+			c.n++
+		}
+		c.partial = c.partial[i+1:]
+	}
+}
+
+// Count is how many lines so far contained want.
+func (c *lineCounter) Count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
 }
 
 // startServes starts n ratchet serve processes with args and waits until
@@ -212,7 +248,8 @@ func startServes(ctx context.Context, self string, n int, dbURL string, args ...
 	for range n {
 		cmd := exec.CommandContext(ctx, self, append([]string{"serve", "--database-url", dbURL, "--addr", "127.0.0.1:0"}, args...)...)
 		cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none", "OTEL_LOGS_EXPORTER=none")
-		cmd.Stderr = io.Discard
+		p := &serveProc{cmd: cmd, readOnly: lineCounter{want: readOnlyDropped}}
+		cmd.Stderr = &p.readOnly
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
 			return nil, err
@@ -221,7 +258,6 @@ func startServes(ctx context.Context, self string, n int, dbURL string, args ...
 			stopServes(procs)
 			return nil, err
 		}
-		p := &serveProc{cmd: cmd}
 		procs = append(procs, p)
 		lines := bufio.NewScanner(stdout)
 		for lines.Scan() {

@@ -30,6 +30,7 @@ type chaosCmd struct {
 
 type chaosFailoverCmd struct {
 	Manager     string        `name:"manager" default:"manual" enum:"manual,patroni" help:"Who promotes the standby: manual (this command, pg_ctl promote, the moment the primary dies) or patroni (two Patroni nodes with etcd; Patroni promotes once the dead leader's key expires, 10 s)."`
+	Fail        string        `name:"fail" default:"kill" enum:"kill,switchover" help:"How the primary goes: kill (SIGKILL, every process: a machine lost) or switchover (Patroni demotes it to a standby and promotes the other, as for maintenance; needs --manager patroni, and --stall does not apply)."`
 	Replication []string      `name:"replication" default:"sync,async" enum:"sync,async" help:"Replication modes to run, each on a fresh primary and standby."`
 	KeyFormats  []int         `name:"key-formats" default:"2,3" help:"Child-key formats the serve process creates runs with (--key-format), each a run of its own for each mode: 2 names the run, 3 the request."`
 	Payments    int           `name:"payments" default:"2000" help:"Payments posted, each with its own Idempotency-Key, retried by its client until it has an answer."`
@@ -48,18 +49,24 @@ func (c *chaosFailoverCmd) Run(e *env) error {
 	if err := checkKeyFormats(c.KeyFormats); err != nil {
 		return err
 	}
+	if c.Fail == "switchover" {
+		if c.Manager != "patroni" {
+			return fmt.Errorf("--fail switchover needs --manager patroni: a switchover is the manager's")
+		}
+		c.Stall = 0 // a demoted primary's shutdown waits for its WAL sender
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "%d payments from %d clients, each retried with its key until answered; the primary killed (SIGKILL, every process) and the standby promoted %s after the first answer,\n"+
+	fmt.Fprintf(e.stdout, "%d payments from %d clients, each retried with its key until answered; the primary %s %s after the first answer,\n"+
 		"the primary's WAL sender paused for the last %s before (a slow link);\n"+
 		"one ratchet serve process (with its worker, --stale-after %s) on the multi-host URL with target_session_attrs=read-write;\n"+
 		"a payment answered before the failover whose run the new primary lacks is sent again by its client afterwards;\n"+
 		"%s.\n",
-		c.Payments, c.Concurrency, c.FailAfter, c.Stall, c.StaleAfter, promoter[c.Manager])
+		c.Payments, c.Concurrency, failure[c.Fail], c.FailAfter, c.Stall, c.StaleAfter, promoter[c.Manager+" "+c.Fail])
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "replication\tkey format\tWAL behind at failover\tsucceeded\tacknowledged before\tacknowledged runs lost, sent again\tsteps repeated, same key\tduplicate charges\treceipts redelivered, same id\tduplicate receipts\tmissing receipts\tkill to first answer\tfailover to all done\t")
+	fmt.Fprintln(tw, "replication\tkey format\tWAL behind at failover\tsucceeded\tacknowledged before\tacknowledged runs lost, sent again\tsteps repeated, same key\tduplicate charges\treceipts redelivered, same id\tduplicate receipts\tmissing receipts\t5xx answers (503/500)\tread-only drops\truns failed\tfailure to first answer\tfailover to all done\t")
 	for _, mode := range c.Replication {
 		for _, format := range c.KeyFormats {
 			fmt.Fprintf(e.stderr, "%s replication, key format %d: starting a primary and a standby\n", mode, format)
@@ -73,10 +80,17 @@ func (c *chaosFailoverCmd) Run(e *env) error {
 	return tw.Flush()
 }
 
-// promoter says, for each --manager, who promotes the standby.
+// failure says, for each --fail, what befalls the primary.
+var failure = map[string]string{
+	"kill":       "killed (SIGKILL, every process) and the standby promoted",
+	"switchover": "demoted to a standby and the standby promoted, by a switchover asked of Patroni,",
+}
+
+// promoter says, for each --manager and --fail, who promotes the standby.
 var promoter = map[string]string{
-	"manual":  "the standby promoted by this command (pg_ctl promote) as soon as the primary is dead",
-	"patroni": "two Patroni nodes (synchronous_mode for sync) with etcd: the leader's agent killed with its Postgres, Patroni promotes the standby once the leader key expires (ttl 10 s)",
+	"manual kill":        "the standby promoted by this command (pg_ctl promote) as soon as the primary is dead",
+	"patroni kill":       "two Patroni nodes (synchronous_mode for sync) with etcd: the leader's agent killed with its Postgres, Patroni promotes the standby once the leader key expires (ttl 10 s)",
+	"patroni switchover": "two Patroni nodes (synchronous_mode for sync) with etcd: POST /switchover to the leader's agent, which stops its Postgres, has the standby promoted and restarts its own as a standby, read-only at the first address of the URL",
 }
 
 // failoverPair is a primary and a standby streaming from it: pgboot's
@@ -86,7 +100,10 @@ type failoverPair interface {
 	Stall(context.Context) error
 	Lag(context.Context) (int64, error)
 	Fail(context.Context) error
-	KilledAt() time.Time // when Fail's kill had completed
+	// Switchover has the manager demote the primary and promote the
+	// standby, returning once the standby accepts writes.
+	Switchover(context.Context) error
+	KilledAt() time.Time // when Fail's kill had completed, or Switchover was asked
 	Stop() error
 }
 
@@ -164,6 +181,9 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 		// loaded machine makes slow.
 		answered  = make(chan struct{})
 		firstOnce sync.Once
+		// unavailable and broken count the answers 503 and 500: a
+		// failover may be the first, never the second.
+		unavailable, broken atomic.Int64
 	)
 	deadline := time.Now().Add(c.Timeout)
 	for range c.Concurrency {
@@ -176,7 +196,14 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 					return
 				}
 				for time.Now().Before(deadline) {
-					if a, ok := postPayment(ctx, client, base, i); ok {
+					a, code, ok := postPayment(ctx, client, base, i)
+					switch {
+					case code == http.StatusServiceUnavailable:
+						unavailable.Add(1)
+					case code >= 500:
+						broken.Add(1)
+					}
+					if ok {
 						mu.Lock()
 						acks[i] = a
 						mu.Unlock()
@@ -213,9 +240,13 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 		before[i] = a
 	}
 	mu.Unlock()
-	fmt.Fprintf(e.stderr, "  killing the primary (%d payments answered so far, standby %d bytes of WAL behind) and promoting the standby\n", len(before), lag)
+	fmt.Fprintf(e.stderr, "  failing the primary by %s (%d payments answered so far, standby %d bytes of WAL behind)\n", c.Fail, len(before), lag)
 	failedAt := time.Now()
-	if err := pair.Fail(ctx); err != nil {
+	fail := pair.Fail
+	if c.Fail == "switchover" {
+		fail = pair.Switchover
+	}
+	if err := fail(ctx); err != nil {
 		return "", err
 	}
 	wg.Wait()
@@ -257,7 +288,7 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 	resendBy := time.Now().Add(c.Timeout)
 	for _, i := range lost {
 		for time.Now().Before(resendBy) {
-			if _, ok := postPayment(ctx, client, base, i); ok {
+			if _, _, ok := postPayment(ctx, client, base, i); ok {
 				break
 			}
 			time.Sleep(100 * time.Millisecond)
@@ -337,8 +368,9 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 			missingReceipts++
 		}
 	}
-	return fmt.Sprintf("%d\t%d/%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s",
+	return fmt.Sprintf("%d\t%d/%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s",
 		lag, succeeded, c.Payments, len(before), len(lost), repeated, duplicates, redelivered, dupReceipts, missingReceipts,
+		unavailable.Load(), broken.Load(), procs[0].readOnly.Count(), others["failed"],
 		firstAnswer, allDone.Round(100*time.Millisecond)), nil
 }
 
@@ -378,30 +410,31 @@ func runsByKey(ctx context.Context, pool *pgxpool.Pool) (map[string][2]string, e
 	return runs, err
 }
 
-func postPayment(ctx context.Context, client *http.Client, base string, i int) (ack, bool) {
+// The status is 0 when no answer came.
+func postPayment(ctx context.Context, client *http.Client, base string, i int) (a ack, status int, ok bool) {
 	body := fmt.Sprintf(`{"amount": %d, "currency": "usd", "customer": "cus_failover_%d", "email": %q}`, 100+i, i, chaosEmail(i))
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/workflows/payment/runs", strings.NewReader(body))
 	if err != nil {
-		return ack{}, false
+		return ack{}, 0, false
 	}
 	req.Header.Set("Idempotency-Key", chaosKey(i))
 	req.Header.Set("Content-Type", "application/json")
 	sent := time.Now()
 	resp, err := client.Do(req)
 	if err != nil {
-		return ack{}, false
+		return ack{}, 0, false
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK {
-		return ack{}, false
+		return ack{}, resp.StatusCode, false
 	}
 	var run struct {
 		ID     string `json:"id"`
 		Status string `json:"status"`
 	}
 	if json.Unmarshal(b, &run) != nil || (run.Status != "succeeded" && run.Status != "failed") {
-		return ack{}, false
+		return ack{}, resp.StatusCode, false
 	}
-	return ack{runID: run.ID, status: run.Status, sent: sent, at: time.Now()}, true
+	return ack{runID: run.ID, status: run.Status, sent: sent, at: time.Now()}, resp.StatusCode, true
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"time"
@@ -45,6 +46,8 @@ type dbFlags struct {
 
 	// conns sizes the pool connect opens; zero keeps pgxpool's default.
 	conns int
+	// log, when set, hears of each connection dropped for being read-only.
+	log *slog.Logger
 }
 
 // Main parses args, runs the chosen subcommand and returns the exit code.
@@ -89,7 +92,7 @@ func (f *dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if f.conns > 0 && !strings.Contains(f.DatabaseURL, "pool_max_conns") {
 		cfg.MaxConns = int32(f.conns) // sized from the service's settings, unless the URL says otherwise
 	}
-	dropReadOnly(cfg)
+	dropReadOnly(cfg, f.log)
 	where := f.where()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -112,15 +115,22 @@ func (f *dbFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 // target_session_attrs=read-write, or the HA manager's endpoint), instead
 // of every statement that lands on it failing until a restart. The
 // statement itself fails: a run retries it, a client is answered 503.
-func dropReadOnly(cfg *pgxpool.Config) {
+// Each drop is logged to log, when not nil (chaos failover counts them).
+func dropReadOnly(cfg *pgxpool.Config, log *slog.Logger) {
 	next := cfg.ConnConfig.OnPgError
 	cfg.ConnConfig.OnPgError = func(conn *pgconn.PgConn, pgErr *pgconn.PgError) bool {
 		if pgErr.Code == pgerrcode.ReadOnlySQLTransaction {
+			if log != nil {
+				log.Warn(readOnlyDropped, slog.String("host", conn.Conn().RemoteAddr().String()))
+			}
 			return false
 		}
 		return next == nil || next(conn, pgErr)
 	}
 }
+
+// readOnlyDropped is the message of dropReadOnly's log record.
+const readOnlyDropped = "a server refused a write as read-only (25006): connection dropped, the next one looks for the primary"
 
 // where names the database of the URL without its credentials.
 func (f *dbFlags) where() string {

@@ -45,7 +45,8 @@ func (c *devCmd) Run(e *env) error {
 	}
 	defer stopCluster()
 	flags := appFlags{StaleAfter: c.StaleAfter, MaxInline: 32, KeyFormat: 3, CommitWindow: 500 * time.Microsecond}
-	pool, err := (&dbFlags{DatabaseURL: dsn, conns: workerConfig(flags, true).Connections()}).connect(ctx)
+	logger := newLogger(e.stderr, slog.LevelWarn)
+	pool, err := (&dbFlags{DatabaseURL: dsn, conns: workerConfig(flags, true).Connections(), log: logger}).connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -89,7 +90,6 @@ func (c *devCmd) Run(e *env) error {
 		return fmt.Errorf("telemetry: %w", err)
 	}
 	defer shutdown(context.WithoutCancel(ctx)) //nolint:errcheck // best effort at exit
-	logger := newLogger(e.stderr, slog.LevelWarn)
 	flags.GatewayURL, flags.MailURL, flags.BankURL = "http://"+gwLn.Addr().String(), "http://"+mailLn.Addr().String(), "http://"+bankLn.Addr().String()
 	a, err := newApp(pool, flags, true, logger)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -409,27 +410,30 @@ func mustFloat(t *testing.T, s string) float64 {
 // The failover chaos command with synchronous replication: the primary is
 // killed mid-load with its WAL sender paused, the standby promoted, and
 // nothing acknowledged is lost, every payment succeeds, none is charged or
-// receipted twice under two message ids — promoted by the command, and by
-// Patroni when it is installed.
+// receipted twice under two message ids, no request is answered 500 and
+// no run fails — promoted by the command, and by Patroni when it is
+// installed, after a kill and in a switchover (the old primary back as a
+// read-only standby at the URL's first address).
 func TestChaosFailoverWithSynchronousReplicationLosesNothing(t *testing.T) {
 	t.Parallel()
 	bin := buildCrashBinary(t)
-	for _, manager := range []string{"manual", "patroni"} {
-		t.Run(manager, func(t *testing.T) {
+	for _, tc := range []struct{ manager, fail string }{{"manual", "kill"}, {"patroni", "kill"}, {"patroni", "switchover"}} {
+		t.Run(tc.manager+"/"+tc.fail, func(t *testing.T) {
 			t.Parallel()
-			if err := pgboot.PatroniInstalled(); manager == "patroni" && err != nil {
+			if err := pgboot.PatroniInstalled(); tc.manager == "patroni" && err != nil {
 				fmt.Fprintf(os.Stderr, "SKIPPED %s: %v\n", t.Name(), err) // loudly: a skip is otherwise silent without -v
 				t.Skip(err)
 			}
-			out, err := exec.Command(bin, "chaos", "failover", "--manager", manager, "--replication", "sync", "--key-formats", "3",
+			out, err := exec.Command(bin, "chaos", "failover", "--manager", tc.manager, "--fail", tc.fail, "--replication", "sync", "--key-formats", "3",
 				"--payments", "800", "--fail-after", "1s", "--stall", "500ms", "--timeout", "2m").CombinedOutput()
 			require.NoError(t, err, "%s", out)
-			row := regexp.MustCompile(`(?m)^\s+sync\s+3\s+(\d+)\s+(\d+)/(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s`).FindStringSubmatch(string(out))
+			row := regexp.MustCompile(`(?m)^\s+sync\s+3\s+(\d+)\s+(\d+)/(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)/(\d+)\s+(\d+)\s+(\d+)\s`).FindStringSubmatch(string(out))
 			require.NotNil(t, row, "%s", out)
 			require.Equal(t, "800", row[2], "every payment succeeded: %s", out)
 			require.NotEqual(t, "0", row[4], "some payments were answered before the failover: %s", out)
 			require.Equal(t, []string{"0", "0", "0", "0"}, []string{row[5], row[7], row[9], row[10]},
 				"no acknowledged run lost, no duplicate charge, no duplicate or missing receipt: %s", out)
+			require.Equal(t, []string{"0", "0"}, []string{row[12], row[14]}, "no request answered 500, no run failed: %s", out)
 		})
 	}
 }
@@ -446,7 +450,8 @@ func TestAReadOnlyConnectionIsReplaced(t *testing.T) {
 	q.Set("default_transaction_read_only", "on") // every session read-only, as on a standby
 	q.Set("pool_max_conns", "1")                 // so that a kept connection would be the one reused
 	u.RawQuery = q.Encode()
-	pool, err := (&dbFlags{DatabaseURL: u.String()}).connect(ctx)
+	var logged bytes.Buffer
+	pool, err := (&dbFlags{DatabaseURL: u.String(), log: newLogger(&logged, slog.LevelInfo)}).connect(ctx)
 	require.NoError(t, err)
 	defer pool.Close()
 	backend := func() (pid int) {
@@ -461,4 +466,5 @@ func TestAReadOnlyConnectionIsReplaced(t *testing.T) {
 	require.True(t, errors.As(err, &pgErr), "%v", err)
 	require.Equal(t, pgerrcode.ReadOnlySQLTransaction, pgErr.Code)
 	require.NotEqual(t, first, backend(), "the read-only connection was dropped")
+	require.Contains(t, logged.String(), readOnlyDropped, "and the drop logged")
 }

@@ -85,6 +85,8 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 // telemetry up, and wires the service. closeApp releases what it opened.
 func openApp(e *env, db dbFlags, f appFlags, work bool) (a *app, closeApp func(), err error) {
 	db.conns = workerConfig(f, work).Connections()
+	logger := newLogger(e.stderr, slog.LevelInfo)
+	db.log = logger
 	pool, err := db.connect(e.ctx)
 	if err != nil {
 		return nil, nil, err
@@ -106,7 +108,6 @@ func openApp(e *env, db dbFlags, f appFlags, work bool) (a *app, closeApp func()
 		_ = shutdown(context.WithoutCancel(e.ctx)) // best effort at exit
 		pool.Close()
 	}
-	logger := newLogger(e.stderr, slog.LevelInfo)
 	if have := int(pool.Config().MaxConns); have < db.conns {
 		logger.Warn("the database pool is smaller than these settings need: executions will wait for connections",
 			slog.Int("pool_max_conns", have), slog.Int("needed", db.conns))

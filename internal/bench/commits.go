@@ -7,6 +7,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -32,6 +33,9 @@ type CommitsOptions struct {
 	// Window is the engine's commit window when coalescing. Defaults to
 	// engine.DefaultCommitWindow.
 	Window time.Duration
+	// Configs are the configurations measured, of CommitConfigs. Defaults
+	// to all of them.
+	Configs []string
 }
 
 func (o CommitsOptions) withDefaults() CommitsOptions {
@@ -46,6 +50,9 @@ func (o CommitsOptions) withDefaults() CommitsOptions {
 	}
 	if o.Window == 0 {
 		o.Window = engine.DefaultCommitWindow
+	}
+	if len(o.Configs) == 0 {
+		o.Configs = CommitConfigs
 	}
 	return o
 }
@@ -115,11 +122,18 @@ func registerSteps(workflows *engine.Workflows) error {
 	return err
 }
 
-// commitConfigs are what Commits measures, in this order in a round
+// CommitConfigs are what Commits can measure, in this order in a round
 // (reversed every other round).
-var commitConfigs = []string{"bare-tx", "bare-stmt", "alone/steps-apart", "alone", "coalesced/steps-apart", "coalesced"}
+var CommitConfigs = []string{"bare-tx", "bare-stmt", "alone/steps-apart", "alone", "coalesced/steps-apart", "coalesced"}
 
-// engineConfigs are the engine's configurations among commitConfigs: the
+// apart names the configuration that differs from name only in committing
+// each step's result by itself.
+func apart(name string) string {
+	base, _, _ := strings.Cut(name, "/")
+	return base + "/steps-apart"
+}
+
+// engineConfigs are the engine's configurations among CommitConfigs: the
 // commit window (negative: coalescing off) and whether each step's result
 // commits by itself (engine.Config.CommitStepsAlone, as before the last
 // step's result rode with the finish).
@@ -142,6 +156,12 @@ var engineConfigs = map[string]struct {
 // trip). It writes a table to out and progress to progress.
 func Commits(ctx context.Context, pool *pgxpool.Pool, counter *Counter, opts CommitsOptions, out, progress io.Writer) error {
 	opts = opts.withDefaults()
+	configs := slices.DeleteFunc(slices.Clone(CommitConfigs), func(name string) bool { return !slices.Contains(opts.Configs, name) })
+	for _, name := range opts.Configs {
+		if !slices.Contains(CommitConfigs, name) {
+			return fmt.Errorf("bench: no configuration %q (want some of %s)", name, strings.Join(CommitConfigs, ", "))
+		}
+	}
 	workflows := engine.NewWorkflows()
 	if err := registerSteps(workflows); err != nil {
 		return err
@@ -156,16 +176,16 @@ func Commits(ctx context.Context, pool *pgxpool.Pool, counter *Counter, opts Com
 		"steps-apart: each step's result commits by itself (engine.Config.CommitStepsAlone); otherwise the last one commits with the run's finish.\n",
 		opts.Runs, opts.Rounds, opts.Window)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "callers\tconfiguration\truns/s\tphases/s\tp50 ms\tp99 ms\tround trips/run\tcommits/run\tstatements/batch\tphases/s ÷ bare-tx/s\tphases/s ÷ bare-stmt/s\t")
+	fmt.Fprintln(tw, "callers\tconfiguration\truns/s\tphases/s\tp50 ms\tp99 ms\tround trips/run\tcommits/run\tstatements/batch\tphases/s ÷ bare-tx/s\tphases/s ÷ bare-stmt/s\truns/s ÷ steps-apart\t")
 	for _, conc := range opts.Concurrencies {
 		bare, err := NewBare(ctx, pool, conc)
 		if err != nil {
 			return err
 		}
 		byConfig := map[string][]measurement{}
-		ratios := map[string][]float64{} // config, then "/stmt" appended: against bare-stmt
+		ratios := map[string][]float64{} // config, then what it is divided by
 		for round := range opts.Rounds {
-			order := slices.Clone(commitConfigs)
+			order := slices.Clone(configs)
 			if round%2 == 1 {
 				slices.Reverse(order)
 			}
@@ -214,13 +234,24 @@ func Commits(ctx context.Context, pool *pgxpool.Pool, counter *Counter, opts Com
 				byConfig[name] = append(byConfig[name], measurement{Result: res, counts: counts})
 				fmt.Fprintf(progress, "  %d in %s: %.0f/s\n", res.Ops, res.Elapsed.Round(time.Millisecond), res.Rate())
 			}
-			for name := range engineConfigs {
-				phases := 3 * byConfig[name][round].Rate()
-				ratios[name] = append(ratios[name], phases/byConfig["bare-tx"][round].Rate())
-				ratios[name+"/stmt"] = append(ratios[name+"/stmt"], phases/byConfig["bare-stmt"][round].Rate())
+			for _, name := range configs {
+				if _, ok := engineConfigs[name]; !ok {
+					continue
+				}
+				// Each against what the same round measured.
+				rate := byConfig[name][round].Rate()
+				for _, by := range []string{"bare-tx", "bare-stmt", apart(name)} {
+					if m := byConfig[by]; len(m) > round && by != name {
+						if strings.HasPrefix(by, "bare") {
+							ratios[name+" "+by] = append(ratios[name+" "+by], 3*rate/m[round].Rate())
+						} else {
+							ratios[name+" apart"] = append(ratios[name+" apart"], rate/m[round].Rate())
+						}
+					}
+				}
 			}
 		}
-		for _, name := range commitConfigs {
+		for _, name := range configs {
 			med, all := median(byConfig[name]), total(byConfig[name])
 			perRun := func(v int64) string { return fmt.Sprintf("%.2f", float64(v)/float64(all.Ops)) }
 			runs, phases, batch := "-", fmt.Sprintf("%.0f", med.Rate()), "-"
@@ -238,8 +269,8 @@ func Commits(ctx context.Context, pool *pgxpool.Pool, counter *Counter, opts Com
 			if all.counts.Batches > 0 {
 				batch = fmt.Sprintf("%.1f", float64(all.counts.Batched)/float64(all.counts.Batches))
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", conc, name, runs, phases, ms(med.P50), ms(med.P99),
-				perRun(all.counts.Statements), perRun(all.counts.Commits), batch, ratio(name), ratio(name+"/stmt"))
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", conc, name, runs, phases, ms(med.P50), ms(med.P99),
+				perRun(all.counts.Statements), perRun(all.counts.Commits), batch, ratio(name+" bare-tx"), ratio(name+" bare-stmt"), ratio(name+" apart"))
 		}
 	}
 	return tw.Flush()

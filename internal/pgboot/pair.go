@@ -128,6 +128,11 @@ func (p *Pair) Fail(ctx context.Context) error {
 // old primary after it.
 func (p *Pair) KilledAt() time.Time { return p.killedAt }
 
+// Switchover is the manager's: a Pair has none.
+func (p *Pair) Switchover(context.Context) error {
+	return errors.New("pgboot: a switchover is an HA manager's; this pair has none (use Patroni)")
+}
+
 // Lag is how many bytes of WAL the primary has written that the standby
 // has not yet received and flushed: what a promotion now would lose.
 func (p *Pair) Lag(ctx context.Context) (int64, error) {

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -31,6 +34,7 @@ type Patroni struct {
 
 type patroniNode struct {
 	name  string
+	api   string // its REST API's base URL
 	agent *exec.Cmd
 	pg    *Cluster // its Postgres: URL and data directory
 	dead  bool
@@ -91,7 +95,7 @@ func StartPatroni(ctx context.Context, sync bool) (*Patroni, error) {
 	for i := range p.nodes {
 		name := fmt.Sprintf("n%d", i+1)
 		pgPort, apiPort := ports[2+2*i], ports[3+2*i]
-		n := &patroniNode{name: name, pg: &Cluster{Bin: bin, Dir: dir, cred: p.cred, data: filepath.Join(dir, name),
+		n := &patroniNode{name: name, api: fmt.Sprintf("http://127.0.0.1:%d", apiPort), pg: &Cluster{Bin: bin, Dir: dir, cred: p.cred, data: filepath.Join(dir, name),
 			URL: fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", pgPort)}}
 		config := filepath.Join(dir, name+".yml")
 		if err := os.WriteFile(config, []byte(patroniConfig(name, ports[0], apiPort, pgPort, dir, bin, sync)), 0o644); err != nil {
@@ -222,8 +226,49 @@ func (p *Patroni) Fail(ctx context.Context) error {
 	return err
 }
 
-// KilledAt is when Fail's kill had completed.
+// KilledAt is when Fail's kill had completed, or when Switchover asked.
 func (p *Patroni) KilledAt() time.Time { return p.killedAt }
+
+// Switchover asks Patroni to hand the lead to the standby (POST /switchover
+// to the leader's REST API), as an operator does for maintenance: Patroni
+// stops the leader's Postgres cleanly, promotes the standby, and starts the
+// old leader again as a standby of the new one — a server that answers,
+// read-only, where the primary was. It returns once the new leader accepts
+// writes.
+func (p *Patroni) Switchover(ctx context.Context) error {
+	lead, err := p.leader(ctx, 10*time.Second)
+	if err != nil {
+		return err
+	}
+	next := p.nodes[0]
+	if next == lead {
+		next = p.nodes[1]
+	}
+	body := fmt.Sprintf(`{"leader": %q, "candidate": %q}`, lead.name, next.name)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, lead.api+"/switchover", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	p.killedAt = time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("pgboot: ask Patroni to switch over: %w", err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("pgboot: Patroni refused the switchover (%s): %s", resp.Status, strings.TrimSpace(string(answer)))
+	}
+	err = until(ctx, 4*patroniTTL*time.Second, func() bool {
+		var recovering bool
+		return query1(ctx, next.pg.URL, `SELECT pg_is_in_recovery()`, nil, &recovering) == nil && !recovering
+	})
+	if err != nil {
+		return fmt.Errorf("pgboot: %s did not take the lead after the switchover (logs in %s): %w", next.name, p.dir, err)
+	}
+	return nil
+}
 
 // Lag is how many bytes of WAL the leader has written that the standby
 // has not yet flushed: what a promotion now would lose.
