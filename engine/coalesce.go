@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -46,6 +47,9 @@ type coalescer struct {
 	// refused the batches the server refused (their statements sent again
 	// alone): for tests.
 	batches, statements, refused atomic.Int64
+	// readOnly counts the statements sent again after a standby refused
+	// them.
+	readOnly atomic.Int64
 }
 
 // maxBatch bounds the statements of a batch: a full batch is sent at once.
@@ -128,12 +132,31 @@ func (co *coalescer) submit(ctx context.Context, req *commitRequest) error {
 }
 
 // alone runs one statement by itself.
+//
+// A statement a standby refused (25006 read_only_sql_transaction) wrote
+// nothing, so it is sent once more: a pool that drops a connection on that
+// error (as the service's does) gives a fresh one, which a multi-host URL
+// with target_session_attrs=read-write takes to the primary.
 func (co *coalescer) alone(ctx context.Context, sql string, args []any, read func(pgx.Rows) error) error {
-	rows, err := co.pool.Query(ctx, sql, args...)
-	if err != nil {
-		return err
+	once := func() error {
+		rows, err := co.pool.Query(ctx, sql, args...)
+		if err != nil {
+			return err
+		}
+		return read(rows)
 	}
-	return read(rows)
+	err := once()
+	if isReadOnly(err) {
+		co.readOnly.Add(1)
+		err = once()
+	}
+	return err
+}
+
+// isReadOnly reports whether a standby refused the statement.
+func isReadOnly(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == pgerrcode.ReadOnlySQLTransaction
 }
 
 // send runs reqs as one pipeline and settles each.

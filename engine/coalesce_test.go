@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
@@ -199,6 +202,30 @@ func TestANegativeWindowSendsEveryCommitAlone(t *testing.T) {
 	}
 	batches, _, _ := c.CommitBatches()
 	require.Zero(t, batches)
+}
+
+// A statement that commits by itself and meets a standby's refusal
+// (25006) is sent once more: with a pool that drops such a connection, as
+// the service's does, it goes out on a fresh one and commits.
+func TestAStatementRefusedAsReadOnlyIsSentAgainOnAFreshConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(b.url)
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	cfg.ConnConfig.OnPgError = func(_ *pgconn.PgConn, e *pgconn.PgError) bool { return e.Code != pgerrcode.ReadOnlySQLTransaction }
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	c, err := engine.NewClient(pool, &engine.Config{Workflows: barrierSteps(t, func(context.Context, string) {}), CommitWindow: -1})
+	require.NoError(t, err)
+	// The pool's one connection now answers as a demoted primary would.
+	_, err = pool.Exec(ctx, `SET default_transaction_read_only = on`)
+	require.NoError(t, err)
+	require.NoError(t, startAll(c, []string{"k"})["k"])
+	require.EqualValues(t, 1, c.ReadOnlyRetries(), "the claim, sent again")
+	require.Equal(t, 3, countPhases(t, b, "k"))
 }
 
 func countPhases(t *testing.T, b *testBundle, key string) int {

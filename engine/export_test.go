@@ -34,3 +34,7 @@ const GateRunsSQL = gateRunsSQL
 func (c *Client) CommitBatches() (batches, statements, refused int64) {
 	return c.commits.batches.Load(), c.commits.statements.Load(), c.commits.refused.Load()
 }
+
+// ReadOnlyRetries reports how many statements the client's coalescer sent
+// again after a standby refused them.
+func (c *Client) ReadOnlyRetries() int64 { return c.commits.readOnly.Load() }

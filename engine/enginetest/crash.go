@@ -19,7 +19,10 @@ var ErrCrashed = crashpoint.ErrCrashed
 // the process were killed at that moment: the phase's writes are
 // committed, nothing else is written, and the run stays leased to the dead
 // executor until its lease expires. The call returns an error wrapping
-// ErrCrashed. A phase answered from the journal does not crash.
+// ErrCrashed. A phase answered from the journal does not crash. A step it
+// names commits its result by itself, as with Config.CommitStepsAlone,
+// rather than with the run's next commit: the crash lands right after the
+// step, with nothing written after it.
 func CrashAfter(ctx context.Context, phase string) context.Context {
 	return crashpoint.After(ctx, phase)
 }
