@@ -184,7 +184,9 @@ func TestCrashMatrix(t *testing.T) {
 			ws := victim.cmd.ProcessState.Sys().(syscall.WaitStatus)
 			require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGKILL, "%s: the victim died of SIGKILL, not %v", point, victim.cmd.ProcessState)
 		case <-time.After(10 * time.Second):
-			t.Fatalf("%s: the victim was never killed", point)
+			_ = victim.cmd.Process.Kill()
+			<-victim.exited // its log is complete, and no longer written
+			t.Fatalf("%s: the victim was never killed; its log:\n%s", point, victim.stderr)
 		}
 	}
 	require.Empty(t, serverError)
