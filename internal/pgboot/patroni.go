@@ -2,6 +2,7 @@ package pgboot
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -120,6 +121,12 @@ func StartPatroni(ctx context.Context, sync bool) (*Patroni, error) {
 	if err := awaitStreaming(ctx, lead.pg.URL, sync); err != nil {
 		return fail(err)
 	}
+	// Postgres streaming synchronously is not yet Patroni's word: in
+	// synchronous_mode it promotes, and grants a switchover to, only the
+	// member it has recorded as sync_standby, a loop or so later.
+	if _, err := p.awaitCandidate(ctx, lead, p.other(lead)); err != nil {
+		return fail(err)
+	}
 	p.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
 		ports[2], ports[4])
 	return p, nil
@@ -216,6 +223,12 @@ func (p *Patroni) Fail(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Patroni promotes only a standby it reports able to take the lead
+	// (in synchronous_mode, the one it has recorded as sync_standby): a
+	// kill before that would leave the cluster leaderless.
+	if _, err := p.awaitCandidate(ctx, lead, p.other(lead)); err != nil {
+		return err
+	}
 	_ = syscall.Kill(-lead.agent.Process.Pid, syscall.SIGKILL)
 	if err := lead.pg.kill(); err != nil {
 		return err
@@ -226,6 +239,151 @@ func (p *Patroni) Fail(ctx context.Context) error {
 	return err
 }
 
+// patroniReady bounds how long Patroni has to report a standby able to
+// take the lead: a few of its loops (loop_wait 1 s) once the standby
+// streams, longer after a failover while the old leader rejoins.
+const patroniReady = 60 * time.Second
+
+// clusterView is Patroni's GET /cluster: the members as its store (etcd)
+// records them, read afresh.
+type clusterView struct {
+	Members []clusterMember `json:"members"`
+	Pause   bool            `json:"pause"`
+}
+
+type clusterMember struct {
+	Name string `json:"name"`
+	// Role is leader, sync_standby (synchronous_mode's chosen standby) or
+	// replica.
+	Role string `json:"role"`
+	// State is the member's Postgres as its agent sees it: running
+	// (Patroni 3.0.2's word for a healthy replica too), streaming (later
+	// releases'), starting, stopped, ...
+	State    string `json:"state"`
+	Timeline int    `json:"timeline"`
+	// Lag is bytes of WAL behind the leader, or "unknown"; absent for the
+	// leader.
+	Lag json.RawMessage `json:"lag"`
+}
+
+func (v clusterView) String() string {
+	if len(v.Members) == 0 {
+		return "no members"
+	}
+	var b strings.Builder
+	for i, m := range v.Members {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %s %s", m.Name, m.Role, m.State)
+		if m.Timeline > 0 {
+			fmt.Fprintf(&b, " timeline %d", m.Timeline)
+		}
+		if m.Lag != nil {
+			fmt.Fprintf(&b, " lag %s", m.Lag)
+		}
+	}
+	if v.Pause {
+		b.WriteString(" (paused)")
+	}
+	return b.String()
+}
+
+// canTakeLead says why Patroni, as v reports the cluster, would not hand
+// the lead from lead to next, or "" when it would: lead is the leader,
+// next a replica whose Postgres runs with a known lag and, in
+// synchronous_mode, the recorded sync_standby (Patroni's precondition for
+// a switchover to it, and for promoting it when the leader dies).
+func (v clusterView) canTakeLead(lead, next string, sync bool) string {
+	var l, n *clusterMember
+	for i := range v.Members {
+		switch v.Members[i].Name {
+		case lead:
+			l = &v.Members[i]
+		case next:
+			n = &v.Members[i]
+		}
+	}
+	standby := n != nil && (n.Role == "sync_standby" || !sync && n.Role == "replica")
+	switch {
+	case v.Pause:
+		return "the cluster is paused"
+	case l == nil || l.Role != "leader":
+		return lead + " is not the leader"
+	case n == nil:
+		return next + " is not a member"
+	case !standby && sync:
+		return fmt.Sprintf("%s is %s, not sync_standby", next, n.Role)
+	case !standby:
+		return fmt.Sprintf("%s is %s, not a replica", next, n.Role)
+	case n.State != "running" && n.State != "streaming":
+		return fmt.Sprintf("%s is %s", next, n.State)
+	case n.Lag == nil || string(n.Lag) == `"unknown"`:
+		return next + "'s lag is unknown"
+	}
+	return ""
+}
+
+// clusterView reads GET /cluster from node n's agent.
+func (p *Patroni) clusterView(ctx context.Context, n *patroniNode) (clusterView, error) {
+	var v clusterView
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, n.api+"/cluster", nil)
+	if err != nil {
+		return v, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return v, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return v, fmt.Errorf("GET /cluster: %s", resp.Status)
+	}
+	return v, json.NewDecoder(resp.Body).Decode(&v)
+}
+
+// awaitCandidate waits, up to patroniReady, until the leader's agent
+// reports next able to take the lead from lead (canTakeLead), and returns
+// that view. Otherwise the error says what Patroni last reported.
+func (p *Patroni) awaitCandidate(ctx context.Context, lead, next *patroniNode) (clusterView, error) {
+	var (
+		view clusterView
+		why  string
+		last error
+	)
+	err := until(ctx, patroniReady, func() bool {
+		if view, last = p.clusterView(ctx, lead); last != nil {
+			return false
+		}
+		why = view.canTakeLead(lead.name, next.name, p.Sync)
+		return why == ""
+	})
+	if err == nil {
+		return view, nil
+	}
+	if last != nil {
+		why = last.Error()
+	}
+	return view, fmt.Errorf("pgboot: Patroni does not report %s able to take the lead from %s: %s; Patroni reports %s (logs in %s): %w",
+		next.name, lead.name, why, view, p.dir, err)
+}
+
+// post posts a JSON body and returns the answer's status and body.
+func post(ctx context.Context, url, body string) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSpace(string(answer)), err
+}
+
 // KilledAt is when Fail's kill had completed, or when Switchover asked.
 func (p *Patroni) KilledAt() time.Time { return p.killedAt }
 
@@ -233,41 +391,65 @@ func (p *Patroni) KilledAt() time.Time { return p.killedAt }
 // to the leader's REST API), as an operator does for maintenance: Patroni
 // stops the leader's Postgres cleanly, promotes the standby, and starts the
 // old leader again as a standby of the new one — a server that answers,
-// read-only, where the primary was. It returns once the new leader accepts
-// writes.
+// read-only, where the primary was. It asks only once Patroni reports the
+// standby able to take the lead (awaitCandidate), and returns once the new
+// leader accepts writes.
 func (p *Patroni) Switchover(ctx context.Context) error {
 	lead, err := p.leader(ctx, 10*time.Second)
 	if err != nil {
 		return err
 	}
-	next := p.nodes[0]
-	if next == lead {
-		next = p.nodes[1]
-	}
+	next := p.other(lead)
 	body := fmt.Sprintf(`{"leader": %q, "candidate": %q}`, lead.name, next.name)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, lead.api+"/switchover", strings.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	p.killedAt = time.Now()
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("pgboot: ask Patroni to switch over: %w", err)
-	}
-	answer, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("pgboot: Patroni refused the switchover (%s): %s", resp.Status, strings.TrimSpace(string(answer)))
+	deadline := time.Now().Add(patroniReady)
+	for {
+		view, err := p.awaitCandidate(ctx, lead, next)
+		if err != nil {
+			return err
+		}
+		p.killedAt = time.Now()
+		status, answer, err := post(ctx, lead.api+"/switchover", body)
+		if err != nil {
+			return fmt.Errorf("pgboot: ask Patroni to switch over: %w", err)
+		}
+		if status == http.StatusOK {
+			break
+		}
+		// 412 is Patroni's precondition, judged from its own view of the
+		// cluster, which the view just read may be a moment ahead of: ask
+		// again once it reports the candidate ready, within the bound.
+		// Anything else (503: the switchover failed or its outcome is
+		// unknown) is not a state to wait out.
+		if status != http.StatusPreconditionFailed || time.Now().After(deadline) {
+			if now, err := p.clusterView(ctx, lead); err == nil {
+				view = now
+			}
+			return fmt.Errorf("pgboot: Patroni refused the switchover from %s to %s (%d %s): %s; Patroni reports %s",
+				lead.name, next.name, status, http.StatusText(status), answer, view)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	err = until(ctx, 4*patroniTTL*time.Second, func() bool {
 		var recovering bool
 		return query1(ctx, next.pg.URL, `SELECT pg_is_in_recovery()`, nil, &recovering) == nil && !recovering
 	})
 	if err != nil {
-		return fmt.Errorf("pgboot: %s did not take the lead after the switchover (logs in %s): %w", next.name, p.dir, err)
+		view, _ := p.clusterView(ctx, next)
+		return fmt.Errorf("pgboot: %s did not take the lead after the switchover (Patroni reports %s; logs in %s): %w", next.name, view, p.dir, err)
 	}
 	return nil
+}
+
+// other is the node that is not n.
+func (p *Patroni) other(n *patroniNode) *patroniNode {
+	if p.nodes[0] == n {
+		return p.nodes[1]
+	}
+	return p.nodes[0]
 }
 
 // Lag is how many bytes of WAL the leader has written that the standby

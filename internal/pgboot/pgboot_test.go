@@ -50,6 +50,22 @@ func TestSynchronousPairFailsOverWithoutLosingACommit(t *testing.T) {
 // itself once the killed leader's key expires.
 func TestPatroniFailsOverWithoutLosingACommit(t *testing.T) {
 	t.Parallel()
+	p := startPatroni(t)
+	failsOverWithoutLosingACommit(t, p.URL, p.Fail)
+}
+
+// A switchover in synchronous_mode is granted only to the standby Patroni
+// has recorded as sync_standby; right after a switchover the old leader
+// has just come back as a standby, not yet recorded. Switchover waits for
+// Patroni's word instead of being refused (412), both ways, back to back.
+func TestPatroniSwitchesOverAndBackWithoutLosingACommit(t *testing.T) {
+	t.Parallel()
+	p := startPatroni(t)
+	failsOverWithoutLosingACommit(t, p.URL, p.Switchover, p.Switchover)
+}
+
+func startPatroni(t *testing.T) *pgboot.Patroni {
+	t.Helper()
 	if err := pgboot.PatroniInstalled(); err != nil {
 		// Loudly: a skip is otherwise silent without -v.
 		fmt.Fprintf(os.Stderr, "SKIPPED %s: %v\n", t.Name(), err)
@@ -57,13 +73,14 @@ func TestPatroniFailsOverWithoutLosingACommit(t *testing.T) {
 	}
 	p, err := pgboot.StartPatroni(context.Background(), true)
 	require.NoError(t, err)
-	defer func() { require.NoError(t, p.Stop()) }()
-	failsOverWithoutLosingACommit(t, p.URL, p.Fail)
+	t.Cleanup(func() { require.NoError(t, p.Stop()) })
+	return p
 }
 
-// failsOverWithoutLosingACommit commits a row on url, fails over, and
-// requires url to accept writes again and to have the row.
-func failsOverWithoutLosingACommit(t *testing.T, url string, fail func(context.Context) error) {
+// failsOverWithoutLosingACommit commits a row on url before each failover
+// in turn and one after the last, and requires url to accept writes again
+// and to have every row.
+func failsOverWithoutLosingACommit(t *testing.T, url string, fails ...func(context.Context) error) {
 	ctx := context.Background()
 	exec := func(sql string) {
 		t.Helper()
@@ -73,16 +90,22 @@ func failsOverWithoutLosingACommit(t *testing.T, url string, fail func(context.C
 		_, err = conn.Exec(ctx, sql)
 		require.NoError(t, err)
 	}
-	exec(`CREATE TABLE t (v text); INSERT INTO t VALUES ('before')`)
-	require.NoError(t, fail(ctx))
-	exec(`INSERT INTO t VALUES ('after')`)
+	exec(`CREATE TABLE t (n int)`)
+	want := []int{}
+	for i, fail := range fails {
+		exec(fmt.Sprintf(`INSERT INTO t VALUES (%d)`, i))
+		want = append(want, i)
+		require.NoError(t, fail(ctx), "failover %d", i+1)
+	}
+	exec(fmt.Sprintf(`INSERT INTO t VALUES (%d)`, len(fails)))
+	want = append(want, len(fails))
 
 	conn, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	var recovering bool
-	var got string
-	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), string_agg(v, ',' ORDER BY v DESC) FROM t`).Scan(&recovering, &got))
+	var got []int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT pg_is_in_recovery(), array_agg(n ORDER BY n) FROM t`).Scan(&recovering, &got))
 	require.False(t, recovering, "the URL reaches the promoted standby")
-	require.Equal(t, "before,after", got)
+	require.Equal(t, want, got)
 }
