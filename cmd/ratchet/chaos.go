@@ -39,6 +39,52 @@ type chaosFailoverCmd struct {
 	Stall       time.Duration `name:"stall" default:"1s" help:"How long, just before the primary dies, it sends the standby no WAL (its WAL sender paused: a slow link); 0: none."`
 	StaleAfter  time.Duration `name:"stale-after" default:"2s" help:"The serve process's lease length: how soon runs broken off by the failover are resumed."`
 	Timeout     time.Duration `name:"timeout" default:"3m" help:"How long every payment has to finish."`
+	JSON        bool          `name:"json" help:"Print one JSON object a run (the table's figures, as numbers) instead of the table, for scripts and tests."`
+}
+
+// failoverResult is one failover's figures: a row of the table, or a line
+// of --json.
+type failoverResult struct {
+	Replication string `json:"replication"` // sync or async
+	KeyFormat   int    `json:"key_format"`
+	// LagBytes is how far behind the standby was when the primary failed.
+	LagBytes  int64 `json:"lag_bytes"`
+	Payments  int   `json:"payments"`
+	Succeeded int   `json:"succeeded"`
+	// AnsweredBefore is how many payments were answered before the
+	// failover; Lost, how many of those the new primary lacked (their
+	// clients sent them again).
+	AnsweredBefore int `json:"answered_before"`
+	Lost           int `json:"lost"`
+	// StepsRepeated counts gateway keys called more than once and charged
+	// once: a repeat the key deduplicated.
+	StepsRepeated     int `json:"steps_repeated"`
+	DuplicateCharges  int `json:"duplicate_charges"`
+	ReceiptsResent    int `json:"receipts_resent"`
+	DuplicateReceipts int `json:"duplicate_receipts"`
+	MissingReceipts   int `json:"missing_receipts"`
+	Answers503        int `json:"answers_503"`
+	// Answers5xx counts answers of 500 and above but 503: never expected.
+	Answers5xx    int `json:"answers_5xx"`
+	ReadOnlyDrops int `json:"read_only_drops"`
+	RunsFailed    int `json:"runs_failed"`
+	// FirstAnswer is from the failure to the first answer to a request
+	// sent after it (0: none was); AllDone, from the failure to every run
+	// finished.
+	FirstAnswer time.Duration `json:"first_answer_ns"`
+	AllDone     time.Duration `json:"all_done_ns"`
+}
+
+// cells are the row's cells after the mode's.
+func (r failoverResult) cells() string {
+	first := "-"
+	if r.FirstAnswer > 0 {
+		first = r.FirstAnswer.Round(100 * time.Millisecond).String()
+	}
+	return fmt.Sprintf("%d\t%d/%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s",
+		r.LagBytes, r.Succeeded, r.Payments, r.AnsweredBefore, r.Lost, r.StepsRepeated, r.DuplicateCharges,
+		r.ReceiptsResent, r.DuplicateReceipts, r.MissingReceipts, r.Answers503, r.Answers5xx, r.ReadOnlyDrops,
+		r.RunsFailed, first, r.AllDone.Round(100*time.Millisecond))
 }
 
 // Run runs the failover for each replication mode and prints one row each.
@@ -59,22 +105,36 @@ func (c *chaosFailoverCmd) Run(e *env) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "%d payments from %d clients, each retried with its key until answered; the primary %s %s after the first answer,\n"+
+	intro := e.stdout
+	if c.JSON {
+		intro = e.stderr // stdout is the results', a JSON object a line
+	}
+	fmt.Fprintf(intro, "%d payments from %d clients, each retried with its key until answered; the primary %s %s after the first answer,\n"+
 		"the primary's WAL sender paused for the last %s before (a slow link);\n"+
 		"one ratchet serve process (with its worker, --stale-after %s) on the multi-host URL with target_session_attrs=read-write;\n"+
 		"a payment answered before the failover whose run the new primary lacks is sent again by its client afterwards;\n"+
 		"%s.\n",
 		c.Payments, c.Concurrency, failure[c.Fail], c.FailAfter, c.Stall, c.StaleAfter, promoter[c.Manager+" "+c.Fail])
 	tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "replication\tkey format\tWAL behind at failover\tsucceeded\tacknowledged before\tacknowledged runs lost, sent again\tsteps repeated, same key\tduplicate charges\treceipts redelivered, same id\tduplicate receipts\tmissing receipts\t5xx answers (503/500)\tread-only drops\truns failed\tfailure to first answer\tfailover to all done\t")
+	enc := json.NewEncoder(e.stdout)
+	if !c.JSON {
+		fmt.Fprintln(tw, "replication\tkey format\tWAL behind at failover\tsucceeded\tacknowledged before\tacknowledged runs lost, sent again\tsteps repeated, same key\tduplicate charges\treceipts redelivered, same id\tduplicate receipts\tmissing receipts\t5xx answers (503/500)\tread-only drops\truns failed\tfailure to first answer\tfailover to all done\t")
+	}
 	for _, mode := range c.Replication {
 		for _, format := range c.KeyFormats {
 			fmt.Fprintf(e.stderr, "%s replication, key format %d: starting a primary and a standby\n", mode, format)
-			row, err := c.once(e, self, mode == "sync", format)
+			r, err := c.once(e, self, mode == "sync", format)
 			if err != nil {
 				return fmt.Errorf("%s replication, key format %d: %w", mode, format, err)
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t\n", mode, format, row)
+			r.Replication, r.KeyFormat = mode, format
+			if c.JSON {
+				if err := enc.Encode(r); err != nil {
+					return err
+				}
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t\n", mode, format, r.cells())
 		}
 	}
 	return tw.Flush()
@@ -130,13 +190,13 @@ type ack struct {
 	sent, at      time.Time // the answered request's sending, the answer's arrival
 }
 
-// once runs the failover on a fresh pair and returns the row's cells but
-// the first.
-func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat int) (string, error) {
+// once runs the failover on a fresh pair and returns its figures but the
+// mode's.
+func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat int) (failoverResult, error) {
 	ctx := e.ctx
 	pair, url, err := c.startPair(ctx, synchronous)
 	if err != nil {
-		return "", err
+		return failoverResult{}, err
 	}
 	defer func() {
 		if err := pair.Stop(); err != nil {
@@ -145,27 +205,27 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 	}()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
-		return "", err
+		return failoverResult{}, err
 	}
 	defer pool.Close()
 	if _, err := migrations.Apply(ctx, pool, nil); err != nil {
-		return "", err
+		return failoverResult{}, err
 	}
 	gateway, mail := fakes.NewGateway(nil), fakes.NewMail(nil)
 	gwURL, stopGw, err := listen(ctx, gateway)
 	if err != nil {
-		return "", err
+		return failoverResult{}, err
 	}
 	defer stopGw()
 	mailURL, stopMail, err := listen(ctx, mail)
 	if err != nil {
-		return "", err
+		return failoverResult{}, err
 	}
 	defer stopMail()
 	procs, err := startServes(ctx, self, 1, withPoolSize(url, 40), "--gateway-url", gwURL, "--mail-url", mailURL,
 		"--stale-after", c.StaleAfter.String(), "--key-format", strconv.Itoa(keyFormat))
 	if err != nil {
-		return "", err
+		return failoverResult{}, err
 	}
 	defer stopServes(procs)
 	base := procs[0].base
@@ -219,20 +279,20 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 	select {
 	case <-answered:
 	case <-time.After(time.Until(deadline)):
-		return "", fmt.Errorf("no payment answered within --timeout %s", c.Timeout)
+		return failoverResult{}, fmt.Errorf("no payment answered within --timeout %s", c.Timeout)
 	case <-ctx.Done():
-		return "", ctx.Err()
+		return failoverResult{}, ctx.Err()
 	}
 	time.Sleep(max(c.FailAfter-c.Stall, 0))
 	if c.Stall > 0 {
 		if err := pair.Stall(ctx); err != nil {
-			return "", err
+			return failoverResult{}, err
 		}
 		time.Sleep(c.Stall)
 	}
 	lag, err := pair.Lag(ctx)
 	if err != nil {
-		return "", err
+		return failoverResult{}, err
 	}
 	mu.Lock()
 	before := map[int]ack{}
@@ -247,13 +307,12 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 		fail = pair.Switchover
 	}
 	if err := fail(ctx); err != nil {
-		return "", err
+		return failoverResult{}, err
 	}
 	wg.Wait()
 	// The first answer to a request sent after the kill: how long clients
 	// went unanswered (a request sent before the kill may have been
 	// answered by the old primary, which says nothing of the new one).
-	firstAnswer := "-"
 	var first time.Duration
 	killed := pair.KilledAt()
 	for _, a := range acks {
@@ -261,18 +320,15 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 			first = a.at.Sub(killed)
 		}
 	}
-	if first > 0 {
-		firstAnswer = first.Round(100 * time.Millisecond).String()
-	}
 
 	// Runs whose clients had their answer before a later state was lost
 	// are finished by the worker's recoverer: wait for the runs in flight.
 	if err := settle(ctx, pool, c.Timeout); err != nil {
-		return "", err
+		return failoverResult{}, err
 	}
 	runs, err := runsByKey(ctx, pool)
 	if err != nil {
-		return "", err
+		return failoverResult{}, err
 	}
 	// A run answered and missing after the failover is lost. Its
 	// client, learning that (say, by asking for the payment), sends it
@@ -295,11 +351,11 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 		}
 	}
 	if err := settle(ctx, pool, c.Timeout); err != nil {
-		return "", err
+		return failoverResult{}, err
 	}
 	allDone := time.Since(failedAt)
 	if runs, err = runsByKey(ctx, pool); err != nil {
-		return "", err
+		return failoverResult{}, err
 	}
 	succeeded, others := 0, map[string]int{}
 	for i := range c.Payments {
@@ -368,10 +424,15 @@ func (c *chaosFailoverCmd) once(e *env, self string, synchronous bool, keyFormat
 			missingReceipts++
 		}
 	}
-	return fmt.Sprintf("%d\t%d/%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d/%d\t%d\t%d\t%s\t%s",
-		lag, succeeded, c.Payments, len(before), len(lost), repeated, duplicates, redelivered, dupReceipts, missingReceipts,
-		unavailable.Load(), broken.Load(), procs[0].readOnly.Count(), others["failed"],
-		firstAnswer, allDone.Round(100*time.Millisecond)), nil
+	return failoverResult{
+		LagBytes: lag, Payments: c.Payments, Succeeded: succeeded,
+		AnsweredBefore: len(before), Lost: len(lost),
+		StepsRepeated: repeated, DuplicateCharges: duplicates,
+		ReceiptsResent: redelivered, DuplicateReceipts: dupReceipts, MissingReceipts: missingReceipts,
+		Answers503: int(unavailable.Load()), Answers5xx: int(broken.Load()),
+		ReadOnlyDrops: procs[0].readOnly.Count(), RunsFailed: others["failed"],
+		FirstAnswer: first, AllDone: allDone,
+	}, nil
 }
 
 func chaosKey(i int) string   { return fmt.Sprintf("failover-%d", i) }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -426,16 +427,21 @@ func TestChaosFailoverWithSynchronousReplicationLosesNothing(t *testing.T) {
 				fmt.Fprintf(os.Stderr, "SKIPPED %s: %v\n", t.Name(), err) // loudly: a skip is otherwise silent without -v
 				t.Skip(err)
 			}
-			out, err := exec.Command(bin, "chaos", "failover", "--manager", tc.manager, "--fail", tc.fail, "--replication", "sync", "--key-formats", "3",
-				"--payments", "800", "--fail-after", "1s", "--stall", "500ms", "--timeout", "2m").CombinedOutput()
-			require.NoError(t, err, "%s", out)
-			row := regexp.MustCompile(`(?m)^\s+sync\s+3\s+(\d+)\s+(\d+)/(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)/(\d+)\s+(\d+)\s+(\d+)\s`).FindStringSubmatch(string(out))
-			require.NotNil(t, row, "%s", out)
-			require.Equal(t, "800", row[2], "every payment succeeded: %s", out)
-			require.NotEqual(t, "0", row[4], "some payments were answered before the failover: %s", out)
-			require.Equal(t, []string{"0", "0", "0", "0"}, []string{row[5], row[7], row[9], row[10]},
+			cmd := exec.Command(bin, "chaos", "failover", "--manager", tc.manager, "--fail", tc.fail, "--replication", "sync", "--key-formats", "3",
+				"--payments", "800", "--fail-after", "1s", "--stall", "500ms", "--timeout", "2m", "--json")
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			require.NoError(t, err, "%s", stderr.String())
+			var r failoverResult
+			require.NoError(t, json.Unmarshal(out, &r), "one JSON object: %s", out)
+			require.Equal(t, failoverResult{Replication: "sync", KeyFormat: 3, Payments: 800, Succeeded: 800},
+				failoverResult{Replication: r.Replication, KeyFormat: r.KeyFormat, Payments: r.Payments, Succeeded: r.Succeeded},
+				"every payment succeeded: %s\n%s", out, stderr.String())
+			require.Positive(t, r.AnsweredBefore, "some payments were answered before the failover: %s", out)
+			require.Equal(t, [4]int{}, [4]int{r.Lost, r.DuplicateCharges, r.DuplicateReceipts, r.MissingReceipts},
 				"no acknowledged run lost, no duplicate charge, no duplicate or missing receipt: %s", out)
-			require.Equal(t, []string{"0", "0"}, []string{row[12], row[14]}, "no request answered 500, no run failed: %s", out)
+			require.Equal(t, [2]int{}, [2]int{r.Answers5xx, r.RunsFailed}, "no request answered 500, no run failed: %s", out)
 		})
 	}
 }
