@@ -4,14 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/oklog/ulid/v2"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
@@ -108,20 +105,9 @@ func TestMisconfigurationsSayWhatToDo(t *testing.T) {
 func TestAClientOnAnUnmigratedDatabaseSaysHowToMigrate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	admin := testdb.Connect(t, testdb.AdminURL(), nil)
-	name := "ratchet_empty_" + strings.ToLower(ulid.Make().String())
-	_, err := admin.Exec(ctx, "CREATE DATABASE "+name)
-	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP DATABASE "+name+" WITH (FORCE)") })
-	cfg, err := pgxpool.ParseConfig(testdb.AdminURL())
-	require.NoError(t, err)
-	cfg.ConnConfig.Database = name
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-
+	pool := testdb.NewEmpty(t)
 	workflows := engine.NewWorkflows()
-	_, err = engine.Register(workflows, "noop", func(context.Context, struct{}) (int, error) { return 1, nil }, nil)
+	_, err := engine.Register(workflows, "noop", func(context.Context, struct{}) (int, error) { return 1, nil }, nil)
 	require.NoError(t, err)
 	c, err := engine.NewClient(pool, &engine.Config{Workflows: workflows})
 	require.NoError(t, err)

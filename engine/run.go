@@ -8,10 +8,11 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/oklog/ulid/v2"
+
+	"github.com/ratchet-run/ratchet/internal/schema"
 )
 
 // Status is a run's state.
@@ -207,11 +208,7 @@ func collectRun(rows pgx.Rows) (run *Run, ok bool, err error) {
 // own statements (they touch Ratchet's schema only), into ErrNotMigrated
 // with the fix, instead of Postgres's words alone on every call.
 func notMigrated(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == pgerrcode.UndefinedTable || pgErr.Code == pgerrcode.InvalidSchemaName) {
-		return fmt.Errorf("%w: run `ratchet migrate` (or migrations.Apply) against this database: %w", ErrNotMigrated, err)
-	}
-	return err
+	return schema.NotMigrated(err, ErrNotMigrated)
 }
 
 // leasedRun is a run together with whether its lease was live when read,

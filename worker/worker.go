@@ -16,6 +16,7 @@ import (
 	"github.com/riverqueue/rivercontrib/otelriver"
 
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/internal/schema"
 	"github.com/ratchet-run/ratchet/migrations"
 	"github.com/ratchet-run/ratchet/recovery"
 )
@@ -271,7 +272,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return nil
 	}
 	if err := w.river.Start(ctx); err != nil {
-		return fmt.Errorf("worker: start river: %w", err)
+		return fmt.Errorf("worker: start river: %w", schema.NotMigrated(err, engine.ErrNotMigrated))
 	}
 	return w.recoverer.Start(ctx)
 }

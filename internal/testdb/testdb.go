@@ -4,9 +4,11 @@ package testdb
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/oklog/ulid/v2"
 
 	"github.com/ratchet-run/ratchet/engine/enginetest"
 )
@@ -47,5 +49,30 @@ func Connect(t testing.TB, url string, opts *Options) *pgxpool.Pool {
 		t.Fatalf("testdb: connect: %v", err)
 	}
 	t.Cleanup(pool.Close) // runs before the drop registered by NewURL
+	return pool
+}
+
+// NewEmpty creates a database with nothing in it — not migrated, as an
+// adopter's is before `ratchet migrate` — and returns a pool on it. The
+// database is dropped when the test ends.
+func NewEmpty(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	admin := Connect(t, AdminURL(), &Options{MaxConns: 1})
+	name := "ratchet_empty_" + strings.ToLower(ulid.Make().String())
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("testdb: create database: %v", err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP DATABASE "+name+" WITH (FORCE)") })
+	cfg, err := pgxpool.ParseConfig(AdminURL())
+	if err != nil {
+		t.Fatalf("testdb: parse config: %v", err)
+	}
+	cfg.ConnConfig.Database = name
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("testdb: connect: %v", err)
+	}
+	t.Cleanup(pool.Close)
 	return pool
 }
