@@ -162,7 +162,7 @@ func TestPermanentFailureBeforeThePivotCompensatesNewestFirst(t *testing.T) {
 	require.True(t, phases[0].Compensable && phases[1].Compensable)
 	require.Equal(t, "account_closed", phases[2].Error.Code, "the refusal is journaled, so a replay takes the same branch")
 	require.Equal(t, engine.KindCompensation, phases[3].Kind)
-	require.JSONEq(t, `{"cause": {"code": "account_closed", "message": "account_closed: the customer's ledger account is closed", "retryable": false}}`, string(phases[3].Output))
+	require.JSONEq(t, `{"cause": {"code": "account_closed", "message": "the customer's ledger account is closed", "retryable": false}}`, string(phases[3].Output))
 	require.Equal(t, string(steps.ChildKey("default", run.ID, "undo:charge_created")), *phases[4].ChildKey)
 
 	// The same key again is the stored result, not a second saga.

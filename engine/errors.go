@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgerrcode"
@@ -208,7 +209,13 @@ func classify(err error) *RunError {
 	case errors.As(err, &phe):
 		return &RunError{Code: phe.code, Message: phe.Error()}
 	case errors.As(err, &perm):
-		return &RunError{Code: perm.Code, Message: err.Error()}
+		// The code is the RunError's own: its message is the error's
+		// words without it, lest "code: code: ..." be shown.
+		msg := err.Error()
+		if perm.Err != nil {
+			msg = strings.Replace(msg, perm.Error(), perm.Err.Error(), 1)
+		}
+		return &RunError{Code: perm.Code, Message: msg}
 	}
 	var (
 		status    *steps.StatusError

@@ -62,7 +62,7 @@ func TestPermanentErrorFailsRunAndIsReplayed(t *testing.T) {
 	res := start(t, c, "failing", "k")
 	run := res.Run
 	require.Equal(t, engine.StatusFailed, run.Status)
-	require.Equal(t, &engine.RunError{Code: "card_declined", Message: "card_declined: card declined"}, run.Error)
+	require.Equal(t, &engine.RunError{Code: "card_declined", Message: "card declined"}, run.Error)
 	require.NotNil(t, run.FinishedAt)
 	require.Nil(t, run.LeaseExpiresAt)
 

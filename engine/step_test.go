@@ -106,7 +106,7 @@ func TestDeclinedStepFailsRunAndReplaysWithoutCallingAgain(t *testing.T) {
 	in := payment{Amount: 500, Customer: fakes.DeclinedCustomer}
 	res := startPay(t, context.Background(), c, "pay-1", in)
 	require.Equal(t, engine.StatusFailed, res.Run.Status)
-	require.Equal(t, &engine.RunError{Code: "card_declined", Message: "card_declined: the card was declined"}, res.Run.Error)
+	require.Equal(t, &engine.RunError{Code: "card_declined", Message: "the card was declined"}, res.Run.Error)
 	require.Len(t, gw.Requests(), 1, "a decline is not retried")
 
 	again := startPay(t, context.Background(), c, "pay-1", in)
