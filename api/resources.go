@@ -13,13 +13,17 @@ import (
 // run renders to the same bytes every time, which is what makes replays
 // byte-identical.
 type runResource struct {
-	ID                string           `json:"id"`
-	Workflow          string           `json:"workflow"`
-	WorkflowVersion   int              `json:"workflow_version"`
-	IdempotencyKey    string           `json:"idempotency_key"`
-	Status            engine.Status    `json:"status"`
-	RecoveryPoint     string           `json:"recovery_point"`
+	ID              string        `json:"id"`
+	Workflow        string        `json:"workflow"`
+	WorkflowVersion int           `json:"workflow_version"`
+	IdempotencyKey  string        `json:"idempotency_key"`
+	Status          engine.Status `json:"status"`
+	RecoveryPoint   string        `json:"recovery_point"`
+	// Attempt counts the run's executions, wakes included; Failures
+	// those that failed or were lost since its creation or last reopen,
+	// which its retry policy bounds.
 	Attempt           int              `json:"attempt"`
+	Failures          int              `json:"failures"`
 	Input             json.RawMessage  `json:"input,omitempty"`
 	Output            json.RawMessage  `json:"output,omitempty"`
 	Error             *engine.RunError `json:"error,omitempty"`
@@ -122,7 +126,7 @@ type phaseResource struct {
 func newRunResource(r *engine.Run, phases []engine.Phase) runResource {
 	res := runResource{
 		ID: r.ID, Workflow: r.Workflow, WorkflowVersion: r.WorkflowVersion, IdempotencyKey: r.IdempotencyKey,
-		Status: r.Status, RecoveryPoint: r.RecoveryPoint, Attempt: r.Attempt, Output: r.Output, Error: r.Error,
+		Status: r.Status, RecoveryPoint: r.RecoveryPoint, Attempt: r.Attempt, Failures: r.Failures, Output: r.Output, Error: r.Error,
 		NextAttemptAt: r.NextAttemptAt, CancelRequestedAt: r.CancelRequestedAt, Pivot: r.Pivot, Blocked: r.Blocked,
 		CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(), FinishedAt: utc(r.FinishedAt), ExpiresAt: utc(r.ExpiresAt),
 	}

@@ -316,6 +316,7 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 	require.Equal(t, 1, rows(`.phase-row[data-name="charged"][data-replayed="1"]`), "the charge was replayed by the second execution")
 	require.Equal(t, 1, rows(`.phase-row[data-name="ledger_posted"][data-replayed="0"]`))
 	require.Contains(t, text(`.phase-row[data-name="charged"] .tl-meta`), "exec 1")
+	require.Equal(t, "2, 0 failed", text(`#executions`), "woken by its signal: an execution, not a failure")
 
 	// A failed run: its error, and Resume runs it again (the card is
 	// still declined, so it fails again, in a second execution).
@@ -328,6 +329,9 @@ func TestTheRunsPageInARealBrowser(t *testing.T) {
 		require.NoError(t, err)
 		return run.Attempt == 2 && run.Status == engine.StatusFailed
 	}, patience, 20*time.Millisecond)
+	open(approvalID)
+	open(declinedID)
+	require.Equal(t, "2, 1 failed", text(`#executions`), "failures count afresh from a reopen")
 
 	// The schedules page: a schedule put over the API, paused and
 	// triggered with its buttons.

@@ -162,6 +162,7 @@ UPDATE ratchet.runs SET
 	expires_at = NULL,
 	next_attempt_at = NULL,
 	cancel_requested_at = NULL,
+	failures = 0,
 	lease_token = lease_token + 1,
 	updated_at = now()
 WHERE id = $1 AND status = 'failed'
@@ -177,7 +178,8 @@ WHERE run_id = $1 AND error IS NOT NULL
 // Reopen retries a failed run from its recovery point, or resumes a run
 // parked for an operator. A failed run becomes
 // pending again and due at once (keeping its last error until it finishes
-// anew). If the journal's last phase is the
+// anew), with its failures counted afresh: its retry policy's MaxAttempts
+// is a new round. If the journal's last phase is the
 // step whose permanent failure failed the run, it is removed so that the
 // step is tried again — with the same child key, so a downstream that
 // stored its answer gives it again. Committed phases are not repeated.

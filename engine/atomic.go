@@ -368,6 +368,11 @@ func (ex *execution) enter(name string) (memo *Phase, seq int, err error) {
 	case ex.cancelled:
 		ex.stopped = true
 		return nil, 0, ErrCancelled
+	case ex.spent != nil:
+		// The journal is replayed (registering the undos a compensation
+		// needs), and nothing new runs.
+		ex.fatal = ex.spent
+		return nil, 0, ex.fatal
 	case ex.used[name]:
 		ex.fatal = &phaseUsageError{code: CodeDuplicatePhase, msg: fmt.Sprintf("phase name %q used twice in one run", name)}
 		return nil, 0, ex.fatal

@@ -137,7 +137,7 @@ func (c *Client) compensationCause(ctx context.Context, ex *execution, err error
 		return runErr
 	}
 	if _, givesUp := c.retryDecision(ex, err); givesUp {
-		return exhausted(ex.run.Attempt, runErr)
+		return exhausted(ex.run.Failures+1, runErr)
 	}
 	return nil
 }

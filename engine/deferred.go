@@ -133,24 +133,30 @@ func (ex *execution) carry(ctx context.Context, tx pgx.Tx) (*deferredStep, error
 }
 
 // finishWithPhaseSQL is finishSQL that also journals the pending step
-// result ($8 on: phaseCommit's arguments) and moves the recovery point to
+// result ($9 on: phaseCommit's arguments) and moves the recovery point to
 // it, in the same fenced statement: the run's last step and its end are
 // one commit.
 const finishWithPhaseSQL = `
 WITH finished AS (
-	UPDATE ratchet.runs SET recovery_point = $8, waiting_for = NULL, ` + finishColumns + `
+	UPDATE ratchet.runs SET recovery_point = $9, waiting_for = NULL, ` + finishColumns + `
 	WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
 	RETURNING ` + runColumns + `
 ), journaled AS (
 	INSERT INTO ratchet.phases (run_id, seq, name, kind, output, child_key, attempts, error, started_at, finished_at, compensable, execution)
-	SELECT id, $9, $8, $10, $11, $12, $13, $14, coalesce($15, now()), clock_timestamp(), $16, attempt FROM finished
+	SELECT id, $10, $9, $11, $12, $13, $14, $15, coalesce($16, now()), clock_timestamp(), $17, attempt FROM finished
 )
 SELECT * FROM finished`
 
 // finishArgs are the arguments of finishSQL, followed, when d is not nil,
 // by those of its journal row for finishWithPhaseSQL.
 func (ex *execution) finishArgs(d *deferredStep, status Status, output []byte, runErr *RunError) (sql string, args []any, err error) {
-	args = []any{ex.run.ID, ex.run.LeaseToken, status, output, runErr, ex.def.ttl(status), ex.def.responseStatus(status, runErr)}
+	failures := ex.run.Failures
+	if (status == StatusFailed || ex.failed) && ex.spent == nil {
+		// This execution failed (a lost one that spent the run's
+		// attempts was counted by the claim that followed it).
+		failures++
+	}
+	args = []any{ex.run.ID, ex.run.LeaseToken, status, output, runErr, ex.def.ttl(status), ex.def.responseStatus(status, runErr), failures}
 	if d == nil {
 		return finishSQL, args, nil
 	}

@@ -64,6 +64,12 @@ type execution struct {
 	// hooks observe the execution: the client's, or none for the deploy
 	// gate's replay.
 	hooks Hooks
+	// spent is set when the run's failures, a lost execution counted by
+	// this claim the last of them, reach its retry policy's MaxAttempts:
+	// the run fails with it at its first new phase.
+	spent *phaseUsageError
+	// failed records that this execution failed and compensates.
+	failed bool
 	// dry marks the deploy gate's replay, which writes nothing and runs no
 	// phase; dryEnd records that it reached the end of the journal.
 	dry, dryEnd bool
@@ -109,6 +115,11 @@ func (c *Client) execute(ctx context.Context, def definition, run *Run, journal 
 		cancelled: run.CancelRequestedAt != nil,
 		pivoted:   run.Pivot != nil, compensating: run.Status == StatusCompensating, cause: cause, undone: undone, seqEnd: len(journal),
 		patches: map[string]bool{}, hooks: c.hooks}
+	if !ex.compensating && c.retryPolicy(def).spent(run.Failures) {
+		// Only a lost execution (counted by this claim) lands here: a
+		// failure that spends the last attempt finishes the run.
+		ex.spent = lostExhausted(run.Failures)
+	}
 	ctx = context.WithValue(ctx, executionKey{}, ex)
 	defer c.track(ex)()
 
@@ -117,6 +128,9 @@ func (c *Client) execute(ctx context.Context, def definition, run *Run, journal 
 	stopHeartbeat := c.heartbeat(ctx, ex)
 	output, err := ex.invoke(ctx)
 	if cause := c.compensationCause(ctx, ex, err); cause != nil {
+		// This execution failed, unless it resumed a compensation or
+		// honours a cancellation.
+		ex.failed = !ex.compensating && cause.Code != CodeCancelled
 		// Under the same heartbeat: undos are calls that take time.
 		err = c.compensate(ctx, ex, cause)
 	}
@@ -275,9 +289,11 @@ UPDATE ratchet.runs SET ` + finishColumns + `
 WHERE id = $1 AND lease_token = $2 AND finished_at IS NULL
 RETURNING ` + runColumns
 
-// finishColumns are what a finish sets.
+// finishColumns are what a finish sets; $8 is the run's failures, this
+// execution's counted (finishArgs).
 const finishColumns = `
 	status = $3,
+	failures = $8,
 	output = $4,
 	error = $5,
 	finished_at = now(),
@@ -333,6 +349,7 @@ UPDATE ratchet.runs SET
 			AND regexp_replace(error->>'message', '[0-9.]+', '', 'g') = regexp_replace($3::jsonb->>'message', '[0-9.]+', '', 'g')
 		THEN error_streak + 1 ELSE 1 END,
 	error = $3,
+	failures = failures + 1,
 	next_attempt_at = now() + $4::interval,
 	lease_owner = NULL,
 	lease_expires_at = NULL,
@@ -344,12 +361,21 @@ RETURNING ` + runColumns
 // whether the policy gives up instead. A compensating run's policy never
 // gives up: compensations are retried until they succeed.
 func (c *Client) retryDecision(ex *execution, cause error) (backoff time.Duration, givesUp bool) {
-	policy := c.cfg.Retry
-	if p := ex.def.retryPolicy(); p != nil {
-		policy = *p
+	policy := c.retryPolicy(ex.def)
+	// This failure is the run's Failures+1-th: wakes and re-queues are
+	// executions too (Attempt), but neither grows the backoff nor spends
+	// a retry.
+	failed := ex.run.Failures + 1
+	backoff = policy.delay(failed, cause)
+	return backoff, !ex.compensating && policy.givesUp(failed, ex.run.CreatedAt, backoff)
+}
+
+// retryPolicy is the workflow's retry policy, or else the client's.
+func (c *Client) retryPolicy(def definition) RetryPolicy {
+	if p := def.retryPolicy(); p != nil {
+		return *p
 	}
-	backoff = policy.delay(ex.run.Attempt, cause)
-	return backoff, !ex.compensating && policy.givesUp(ex.run.Attempt, ex.run.CreatedAt, backoff)
+	return c.cfg.Retry
 }
 
 // retryLater releases the run to be executed again after the backoff its
@@ -358,8 +384,9 @@ func (c *Client) retryLater(ctx context.Context, ex *execution, cause error, run
 	backoff, givesUp := c.retryDecision(ex, cause)
 	if givesUp {
 		c.logger.WarnContext(ctx, "run failed retryably and its retry policy gives up",
-			slog.String("run_id", ex.run.ID), slog.Int("attempt", ex.run.Attempt), slog.String("error", runErr.Message))
-		return c.finish(ctx, ex, StatusFailed, nil, exhausted(ex.run.Attempt, runErr))
+			slog.String("run_id", ex.run.ID), slog.Int("attempt", ex.run.Attempt), slog.Int("failures", ex.run.Failures+1),
+			slog.String("error", runErr.Message))
+		return c.finish(ctx, ex, StatusFailed, nil, exhausted(ex.run.Failures+1, runErr))
 	}
 	// The step result the execution holds is kept: the call happened.
 	if err := ex.flush(ctx); errors.Is(err, ErrLeaseLost) {
@@ -377,7 +404,7 @@ func (c *Client) retryLater(ctx context.Context, ex *execution, cause error, run
 		level = slog.LevelWarn // a misconfiguration: retrying alone will not mend it
 	}
 	c.logger.Log(ctx, level, "run failed retryably; will retry",
-		slog.String("run_id", ex.run.ID), slog.Int("attempt", ex.run.Attempt),
+		slog.String("run_id", ex.run.ID), slog.Int("attempt", ex.run.Attempt), slog.Int("failures", ex.run.Failures+1),
 		slog.Duration("backoff", backoff), slog.String("error", runErr.Message))
 	return run, nil
 }

@@ -15,10 +15,13 @@ import (
 // itself. The zero value of every field selects its default: retry for
 // ever, waiting 1s doubling to 5 minutes.
 //
-// A run that reaches MaxAttempts executions, or whose next execution would
-// begin more than MaxElapsed after the run was created, fails with code
-// CodeRetriesExhausted and its last error's message; Client.Reopen gives
-// it another round.
+// A run whose executions have failed MaxAttempts times, or whose next
+// execution would begin more than MaxElapsed after the run was created,
+// fails with code CodeRetriesExhausted and its last error's message (and
+// compensates, if it has undos); Client.Reopen gives it another round.
+// Only failures count (Run.Failures): an execution that parks — a sleep,
+// a signal or child wait, a key's slot taken — spends nothing, however
+// often the run wakes.
 type RetryPolicy struct {
 	// InitialInterval is the wait after the first failed execution.
 	// Defaults to 1s.
@@ -32,8 +35,10 @@ type RetryPolicy struct {
 	// that runs failed together do not retry together. Defaults to 0.2;
 	// negative disables it.
 	Jitter float64
-	// MaxAttempts bounds the executions of a run, the first included, and
-	// takeovers after a crash too. Zero: no bound.
+	// MaxAttempts bounds the failed executions of a run: those that
+	// ended in a retryable error, and those lost to a crash (their lease
+	// expired). With 3, a run is executed again after its first and
+	// second failures and gives up at its third. Zero: no bound.
 	MaxAttempts int
 	// MaxElapsed bounds the time from the run's creation to the start of
 	// its last execution. Zero: no bound.
@@ -68,23 +73,36 @@ func (p RetryPolicy) validate() error {
 	return nil
 }
 
-// delay is the wait after the attempt-th execution failed with err.
-func (p RetryPolicy) delay(attempt int, err error) time.Duration {
+// delay is the wait after the run's failed-th failure, with err.
+func (p RetryPolicy) delay(failed int, err error) time.Duration {
 	sp := steps.Policy{InitialInterval: p.InitialInterval, Multiplier: p.Multiplier, MaxInterval: p.MaxInterval, Jitter: p.Jitter}
-	return sp.Delay(max(attempt, 1), err)
+	return sp.Delay(max(failed, 1), err)
 }
 
-// givesUp reports whether no execution should follow the attempt-th, for
-// a run created at created whose next would begin after wait.
-func (p RetryPolicy) givesUp(attempt int, created time.Time, wait time.Duration) bool {
-	return (p.MaxAttempts > 0 && attempt >= p.MaxAttempts) ||
-		(p.MaxElapsed > 0 && time.Since(created)+wait > p.MaxElapsed)
+// givesUp reports whether no execution should follow the run's failed-th
+// failure, for a run created at created whose next would begin after
+// wait.
+func (p RetryPolicy) givesUp(failed int, created time.Time, wait time.Duration) bool {
+	return p.spent(failed) || (p.MaxElapsed > 0 && time.Since(created)+wait > p.MaxElapsed)
 }
 
-// exhausted is the error a run fails with when its policy gives up.
-func exhausted(attempt int, last *RunError) *RunError {
+// spent reports whether failed failures reach MaxAttempts.
+func (p RetryPolicy) spent(failed int) bool {
+	return p.MaxAttempts > 0 && failed >= p.MaxAttempts
+}
+
+// exhausted is the error a run fails with when its policy gives up after
+// its failed-th failure.
+func exhausted(failed int, last *RunError) *RunError {
 	return &RunError{
 		Code:    CodeRetriesExhausted,
-		Message: fmt.Sprintf("gave up after %d executions; the last failed with %s: %s", attempt, last.Code, last.Message),
+		Message: fmt.Sprintf("gave up after %d failed executions; the last failed with %s: %s", failed, last.Code, last.Message),
 	}
+}
+
+// lostExhausted is the error a run fails with when an execution lost to a
+// crash spent its policy's last attempt.
+func lostExhausted(failed int) *phaseUsageError {
+	return &phaseUsageError{code: CodeRetriesExhausted, msg: fmt.Sprintf(
+		"gave up after %d failed executions; the last was lost (its lease expired: a crash or a lost connection)", failed)}
 }

@@ -60,8 +60,15 @@ type Run struct {
 	LeaseOwner     *string    `db:"lease_owner"`
 	LeaseToken     int64      `db:"lease_token"`
 	LeaseExpiresAt *time.Time `db:"lease_expires_at"`
-	// Attempt counts executions: it grows by one on every claim.
-	Attempt        int             `db:"attempt"`
+	// Attempt counts executions: it grows by one on every claim, a wake
+	// from a sleep, a signal or a child, and a claim that finds the key's
+	// slot taken, included.
+	Attempt int `db:"attempt"`
+	// Failures counts the executions that failed: ended in a retryable
+	// error, or were lost (their lease expired with them, in a crash or a
+	// lost connection), and the one that failed the run; since the run's
+	// creation, or since Reopen. RetryPolicy.MaxAttempts bounds it.
+	Failures       int             `db:"failures"`
 	NextAttemptAt  *time.Time      `db:"next_attempt_at"`
 	Output         json.RawMessage `db:"output"`
 	Error          *RunError       `db:"error"`
@@ -172,7 +179,7 @@ const runColumns = `id, tenant, idempotency_key, workflow, workflow_version, inp
 	status, recovery_point, lease_owner, lease_token, lease_expires_at, attempt, next_attempt_at,
 	output, error, response_status, traceparent, created_at, updated_at, finished_at, expires_at,
 	cancel_requested_at, due_at, waiting_for, pivot, error_streak, key_format,
-	concurrency_key, concurrency_limit, holds_slot, queue, priority, queue_started_at, parent_run_id`
+	concurrency_key, concurrency_limit, holds_slot, queue, priority, queue_started_at, parent_run_id, failures`
 
 // dbtx is what both a pool and a transaction offer.
 type dbtx interface {

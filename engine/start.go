@@ -407,8 +407,12 @@ func (c *Client) lookupKey(ctx context.Context, db dbtx, tenant, key string) (*l
 }
 
 // takeOverSet is what every takeover writes: a lease for owner $2 lasting
-// $3, with a new token, and a new attempt.
+// $3, with a new token, and a new attempt. A lease that expired with its
+// owner still on it was an execution lost (a crash, a lost connection):
+// every clean end of an execution (park, release, retry, hand over)
+// clears the owner, so this counts it as a failure.
 const takeOverSet = `
+	failures = failures + (lease_owner IS NOT NULL)::int,
 	lease_owner = $2,
 	lease_token = lease_token + 1,
 	lease_expires_at = now() + $3::interval,

@@ -188,7 +188,8 @@ function runView(run, reload) {
       h("span", {class: "muted"}, "Run"), h("span", {class: "mono", id: "run-id"}, run.id),
       h("span", {class: "muted"}, "Idempotency key"), h("span", {class: "mono"}, run.idempotency_key),
       h("span", {class: "muted"}, "Recovery point"), h("span", {}, run.recovery_point),
-      h("span", {class: "muted"}, "Attempt"), h("span", {}, run.attempt + (run.error_streak ? " (" + run.error_streak + " failures in a row with the same error)" : "")),
+      h("span", {class: "muted"}, "Executions"), h("span", {id: "executions"}, run.attempt + ", " + (run.failures || 0) + " failed" +
+        (run.error_streak ? " (" + run.error_streak + " in a row with the same error)" : "")),
       h("span", {class: "muted"}, "Created"), h("span", {}, fmtTime(run.created_at)),
       h("span", {class: "muted"}, "Finished"), h("span", {}, fmtTime(run.finished_at)),
       run.pivot ? [h("span", {class: "muted"}, "Pivot"), h("span", {}, run.pivot + " (committed: it only goes forward)")] : [],

@@ -134,6 +134,7 @@ type runJSON struct {
 	Status          string          `json:"status"`
 	RecoveryPoint   string          `json:"recovery_point"`
 	Attempt         int             `json:"attempt"`
+	Failures        int             `json:"failures"`
 	Output          json.RawMessage `json:"output"`
 	Error           *errorJSON      `json:"error"`
 	Blocked         *blockedJSON    `json:"blocked"`
@@ -257,7 +258,7 @@ func (c *runsShowCmd) Run(e *env) error {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "run %s  %s@%d  key %s\n", r.ID, r.Workflow, r.WorkflowVersion, r.IdempotencyKey)
-	fmt.Fprintf(e.stdout, "status %s, attempt %d, recovery point %s, created %s\n", r.Status, r.Attempt, r.RecoveryPoint, r.CreatedAt.UTC().Format(time.RFC3339))
+	fmt.Fprintf(e.stdout, "status %s, %s, recovery point %s, created %s\n", r.Status, executions(r.Attempt, r.Failures), r.RecoveryPoint, r.CreatedAt.UTC().Format(time.RFC3339))
 	if c := r.Concurrency; c != nil {
 		slot := "holds no slot"
 		if c.HoldsSlot {
@@ -434,4 +435,14 @@ func ago(t time.Time) string {
 		return d.Round(time.Minute).String()
 	}
 	return d.Round(time.Hour).String()
+}
+
+// executions says how many times a run was executed and how many of those
+// failed: "3 executions, 1 failed".
+func executions(attempt, failures int) string {
+	s := "executions"
+	if attempt == 1 {
+		s = "execution"
+	}
+	return fmt.Sprintf("%d %s, %d failed", attempt, s, failures)
 }

@@ -114,7 +114,7 @@ func TestRunsCommandsAgainstARealServer(t *testing.T) {
 
 	out, _, code = s.runs(t, "show", s.ids["approval"])
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "status waiting")
+	require.Contains(t, out, "status waiting, 1 execution, 0 failed")
 	require.Contains(t, out, "signal — awaiting signal \"approved\"")
 	require.Contains(t, out, "timeline (from the run's creation):")
 	require.Contains(t, out, "reserved")
