@@ -375,8 +375,8 @@ func (h *Handler) startRun(w http.ResponseWriter, r *http.Request, tenant string
 	res, err := h.engine.Start(ctx, engine.StartParams{
 		// The run's traceparent is the request span's (the engine reads it
 		// from the context), so resumed executions link to this request.
-		Workflow: workflow, IdempotencyKey: key, Input: body, Tenant: tenant, Wait: wait,
-		ConcurrencyKey: concKey, ConcurrencyLimit: concLimit, Queue: queue, Priority: priority,
+		Workflow: workflow, IdempotencyKey: key, Input: body,
+		StartOpts: engine.StartOpts{Tenant: tenant, Wait: wait, ConcurrencyKey: concKey, ConcurrencyLimit: concLimit, Queue: queue, Priority: priority},
 	})
 	if res == nil {
 		h.fail(w, r, err)

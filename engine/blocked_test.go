@@ -68,7 +68,7 @@ func TestEveryBlockedReasonFromARealSituation(t *testing.T) {
 	}, nil)
 	start := func(workflow, key string) *engine.Run {
 		t.Helper()
-		res, err := b.c.Start(ctx, engine.StartParams{Workflow: workflow, IdempotencyKey: key, Input: []byte(`{}`), Wait: -1})
+		res, err := b.c.Start(ctx, engine.StartParams{Workflow: workflow, IdempotencyKey: key, Input: []byte(`{}`), StartOpts: engine.StartOpts{Wait: -1}})
 		require.NoError(t, err)
 		return res.Run
 	}
@@ -143,7 +143,7 @@ func TestEveryBlockedReasonFromARealSituation(t *testing.T) {
 	// from waits for a worker to start it.
 	inQueue := func(queue, key string) *engine.Run {
 		t.Helper()
-		res, err := b.c.Start(ctx, engine.StartParams{Workflow: "quick", IdempotencyKey: key, Input: []byte(`{}`), Queue: queue})
+		res, err := b.c.Start(ctx, engine.StartParams{Workflow: "quick", IdempotencyKey: key, Input: []byte(`{}`), StartOpts: engine.StartOpts{Queue: queue}})
 		require.NoError(t, err)
 		return res.Run
 	}

@@ -105,8 +105,9 @@ func runStartChild(ctx context.Context, ex *execution, seq int, name, workflow s
 		return none, fmt.Errorf("engine: phase %q: begin: %w", name, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	res, err := ex.c.start(ctx, tx, nil, StartParams{Workflow: workflow, IdempotencyKey: string(key), Input: input,
-		Tenant: ex.run.Tenant, Queue: opts.Queue, Priority: opts.Priority, parent: ex.run.ID}, false)
+	res, err := ex.c.start(ctx, tx, nil, StartParams{Workflow: workflow, IdempotencyKey: string(key), Input: input, parent: ex.run.ID,
+		StartOpts: StartOpts{Tenant: ex.run.Tenant, Queue: opts.Queue, Priority: opts.Priority},
+	}, false)
 	var mismatch *MismatchError
 	switch {
 	case errors.Is(err, ErrUnknownWorkflow), errors.Is(err, ErrInvalidInput), errors.Is(err, ErrUnknownQueue), errors.As(err, &mismatch):

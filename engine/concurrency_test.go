@@ -116,7 +116,9 @@ func startOrder(t *testing.T, c *engine.Client, workflow string, in keyedOrder, 
 	input, err := json.Marshal(in)
 	require.NoError(t, err)
 	res, err := c.Start(context.Background(), engine.StartParams{Workflow: workflow, IdempotencyKey: fmt.Sprintf("%s-%d", in.Customer, in.N),
-		Input: input, Wait: wait, ConcurrencyLimit: limit})
+		Input:     input,
+		StartOpts: engine.StartOpts{Wait: wait, ConcurrencyLimit: limit},
+	})
 	require.NoError(t, err)
 	require.Equal(t, engine.OutcomeCreated, res.Outcome)
 	return res.Run
@@ -401,9 +403,9 @@ func TestConcurrencyDeclarationsAndKeysAreChecked(t *testing.T) {
 		{"byid", `{"customer": "c_1"}`, engine.StartParams{}, "no object there"},
 		{"byid", `{"customer": {"id": true}}`, engine.StartParams{}, "not a string or a number"},
 		{"byid", `{"customer": {"id": ""}}`, engine.StartParams{}, "empty"},
-		{"byid", `{}`, engine.StartParams{ConcurrencyKey: "a\nb"}, "control character"},
-		{"byid", `{"customer": {"id": 1}}`, engine.StartParams{ConcurrencyLimit: -1}, "limit -1"},
-		{"free", `{}`, engine.StartParams{ConcurrencyLimit: -3}, "limit -3"},
+		{"byid", `{}`, engine.StartParams{StartOpts: engine.StartOpts{ConcurrencyKey: "a\nb"}}, "control character"},
+		{"byid", `{"customer": {"id": 1}}`, engine.StartParams{StartOpts: engine.StartOpts{ConcurrencyLimit: -1}}, "limit -1"},
+		{"free", `{}`, engine.StartParams{StartOpts: engine.StartOpts{ConcurrencyLimit: -3}}, "limit -3"},
 	} {
 		p := bad.p
 		p.Workflow, p.IdempotencyKey, p.Input = bad.workflow, fmt.Sprint("bad-", i), []byte(bad.input)
@@ -420,9 +422,9 @@ func TestConcurrencyDeclarationsAndKeysAreChecked(t *testing.T) {
 		limit           int
 	}{
 		{"byid", `{"customer": {"id": "c_1"}}`, engine.StartParams{}, "customers/c_1", 2},
-		{"byid", `{"customer": {"id": 42}}`, engine.StartParams{ConcurrencyLimit: 5}, "customers/42", 5},
-		{"byid", `{}`, engine.StartParams{ConcurrencyKey: "named"}, "customers/named", 2},
-		{"free", `{}`, engine.StartParams{ConcurrencyKey: "x", ConcurrencyLimit: 1}, "free/x", 1},
+		{"byid", `{"customer": {"id": 42}}`, engine.StartParams{StartOpts: engine.StartOpts{ConcurrencyLimit: 5}}, "customers/42", 5},
+		{"byid", `{}`, engine.StartParams{StartOpts: engine.StartOpts{ConcurrencyKey: "named"}}, "customers/named", 2},
+		{"free", `{}`, engine.StartParams{StartOpts: engine.StartOpts{ConcurrencyKey: "x", ConcurrencyLimit: 1}}, "free/x", 1},
 	} {
 		p := ok.p
 		p.Workflow, p.IdempotencyKey, p.Input = ok.workflow, ok.key, []byte(ok.input)

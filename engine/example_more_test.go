@@ -77,7 +77,7 @@ func ExampleRunInfoFrom() {
 		log.Fatal(err)
 	}
 	defer client.Shutdown(ctx) //nolint:errcheck
-	res, err := client.Start(ctx, engine.StartParams{Workflow: "whoami", IdempotencyKey: "k", Input: []byte(`{}`), Tenant: "acme"})
+	res, err := client.Start(ctx, engine.StartParams{Workflow: "whoami", IdempotencyKey: "k", Input: []byte(`{}`), StartOpts: engine.StartOpts{Tenant: "acme"}})
 	if err != nil {
 		log.Fatal(err)
 	}

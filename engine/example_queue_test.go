@@ -32,7 +32,7 @@ func ExampleQueue() {
 	}
 	defer client.Shutdown(ctx) //nolint:errcheck
 	start := func(key, to string, priority int) *engine.Run {
-		res, err := client.Start(ctx, engine.StartParams{Workflow: "send-mail", IdempotencyKey: key, Input: []byte(fmt.Sprintf("%q", to)), Priority: priority})
+		res, err := client.Start(ctx, engine.StartParams{Workflow: "send-mail", IdempotencyKey: key, Input: []byte(fmt.Sprintf("%q", to)), StartOpts: engine.StartOpts{Priority: priority}})
 		if err != nil {
 			log.Fatal(err)
 		}

@@ -160,7 +160,7 @@ func ExampleClient_Start() {
 
 	res, err := client.Start(ctx, engine.StartParams{
 		Workflow: "echo", IdempotencyKey: "req-1", Input: []byte(`7`),
-		Tenant: "acme", Wait: 10 * time.Second,
+		StartOpts: engine.StartOpts{Tenant: "acme", Wait: 10 * time.Second},
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -135,7 +135,7 @@ func TestRunInfoFromTellsAWorkflowWhichRunItIs(t *testing.T) {
 	}, &engine.WorkflowOpts{Version: 3})
 	require.NoError(t, err)
 	c := b.client(t, workflows, nil)
-	res, err := c.Start(context.Background(), engine.StartParams{Workflow: "self", IdempotencyKey: "k", Input: []byte(`{}`), Tenant: "acme"})
+	res, err := c.Start(context.Background(), engine.StartParams{Workflow: "self", IdempotencyKey: "k", Input: []byte(`{}`), StartOpts: engine.StartOpts{Tenant: "acme"}})
 	require.NoError(t, err)
 	want := engine.RunInfo{RunID: res.Run.ID, Tenant: "acme", Workflow: "self", Version: 3, Attempt: 1, LeaseToken: 1, RecoveryPoint: "started"}
 	require.Equal(t, want, inWorkflow)

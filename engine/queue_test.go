@@ -50,7 +50,7 @@ func registerQueued(t *testing.T, workflows *engine.Workflows, name, queue strin
 func startIn(t *testing.T, c *engine.Client, workflow, key string, priority int) *engine.Run {
 	t.Helper()
 	input, _ := json.Marshal(key)
-	res, err := c.Start(context.Background(), engine.StartParams{Workflow: workflow, IdempotencyKey: key, Input: input, Priority: priority})
+	res, err := c.Start(context.Background(), engine.StartParams{Workflow: workflow, IdempotencyKey: key, Input: input, StartOpts: engine.StartOpts{Priority: priority}})
 	require.NoError(t, err)
 	require.Equal(t, engine.OutcomeCreated, res.Outcome)
 	return res.Run
@@ -241,13 +241,13 @@ func TestQueueDeclarationsAndStartsAreChecked(t *testing.T) {
 	_, err = engine.Register(plain, "bad-queue", func(context.Context, string) (string, error) { return "ok", nil }, &engine.WorkflowOpts{Queue: "not a name"})
 	require.Error(t, err)
 	c := b.client(t, plain, &engine.Config{Queues: []engine.Queue{{Name: "known"}}})
-	_, err = c.Start(ctx, engine.StartParams{Workflow: "plain", IdempotencyKey: "k1", Input: []byte(`""`), Queue: "unknown"})
+	_, err = c.Start(ctx, engine.StartParams{Workflow: "plain", IdempotencyKey: "k1", Input: []byte(`""`), StartOpts: engine.StartOpts{Queue: "unknown"}})
 	require.ErrorIs(t, err, engine.ErrUnknownQueue)
-	_, err = c.Start(ctx, engine.StartParams{Workflow: "plain", IdempotencyKey: "k2", Input: []byte(`""`), Priority: 3})
+	_, err = c.Start(ctx, engine.StartParams{Workflow: "plain", IdempotencyKey: "k2", Input: []byte(`""`), StartOpts: engine.StartOpts{Priority: 3}})
 	require.ErrorIs(t, err, engine.ErrInvalidInput, "a priority without a queue")
 	require.Zero(t, b.countRows(t, "runs"), "no run made")
 
-	res, err := c.Start(ctx, engine.StartParams{Workflow: "plain", IdempotencyKey: "k3", Input: []byte(`""`), Queue: "known", Priority: -2})
+	res, err := c.Start(ctx, engine.StartParams{Workflow: "plain", IdempotencyKey: "k3", Input: []byte(`""`), StartOpts: engine.StartOpts{Queue: "known", Priority: -2}})
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusPending, res.Run.Status, "a start may put a run of any workflow in a queue")
 	require.Equal(t, -2, res.Run.Priority)
@@ -291,4 +291,28 @@ func TestAQueuesConcurrencyHoldsAcrossRecoverers(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.LessOrEqual(t, most, 3, "the queue's concurrency is kept")
+}
+
+// The typed start takes every option Client.Start does (one StartOpts):
+// a workflow that runs inline by default sends one run through a queue,
+// with a priority.
+func TestTheTypedStartChoosesAQueueAndPriority(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	workflows := engine.NewWorkflows()
+	wf, err := engine.Register(workflows, "charge", func(context.Context, struct{}) (int, error) { return 1, nil }, nil)
+	require.NoError(t, err)
+	c := b.client(t, workflows, &engine.Config{Queues: []engine.Queue{{Name: "gateway"}}})
+
+	res, err := wf.Start(ctx, c, "inline", struct{}{}, nil)
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusSucceeded, res.Run.Status)
+	res, err = wf.Start(ctx, c, "queued", struct{}{}, &engine.StartOpts{Queue: "gateway", Priority: 7})
+	require.NoError(t, err)
+	require.Equal(t, engine.StatusPending, res.Run.Status, "waiting in its queue")
+	require.Equal(t, "gateway", *res.Run.Queue)
+	require.Equal(t, 7, res.Run.Priority)
+	_, err = wf.Start(ctx, c, "lost", struct{}{}, &engine.StartOpts{Queue: "nowhere"})
+	require.ErrorIs(t, err, engine.ErrUnknownQueue)
 }

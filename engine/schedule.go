@@ -320,8 +320,10 @@ func (c *Client) TriggerSchedule(ctx context.Context, tenant, name, key string) 
 	if err != nil {
 		return nil, err
 	}
-	return c.Start(ctx, StartParams{Workflow: s.Workflow, Tenant: s.Tenant, Input: s.Input,
-		IdempotencyKey: triggerKey(s.Name, key)})
+	return c.Start(ctx, StartParams{Workflow: s.Workflow, Input: s.Input,
+		IdempotencyKey: triggerKey(s.Name, key),
+		StartOpts:      StartOpts{Tenant: s.Tenant},
+	})
 }
 
 func cmpTenant(t string) string {

@@ -157,7 +157,7 @@ func (c *Client) tick(ctx context.Context, tx pgx.Tx, s *ScheduleState, now time
 			skipped++
 			continue
 		}
-		p := StartParams{Workflow: s.Workflow, Tenant: s.Tenant, Input: s.Input, IdempotencyKey: tickKey(s.Name, tick)}
+		p := StartParams{Workflow: s.Workflow, Input: s.Input, IdempotencyKey: tickKey(s.Name, tick), StartOpts: StartOpts{Tenant: s.Tenant}}
 		if s.Overlap == OverlapBuffer {
 			p.ConcurrencyKey, p.ConcurrencyLimit = "schedule:"+s.Name, 1
 		}

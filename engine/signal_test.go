@@ -247,7 +247,7 @@ func TestTenantsCannotSignalEachOthersRuns(t *testing.T) {
 	workflows := engine.NewWorkflows()
 	registerPayout(t, workflows)
 	c := b.client(t, workflows, nil)
-	res, err := c.Start(ctx, engine.StartParams{Workflow: "payout", IdempotencyKey: "po", Input: payoutInput("tr_a", 0), Tenant: "a"})
+	res, err := c.Start(ctx, engine.StartParams{Workflow: "payout", IdempotencyKey: "po", Input: payoutInput("tr_a", 0), StartOpts: engine.StartOpts{Tenant: "a"}})
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusWaiting, res.Run.Status)
 

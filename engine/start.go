@@ -25,31 +25,9 @@ type StartParams struct {
 	// Input is the workflow input as JSON. Key order and whitespace do not
 	// change its fingerprint.
 	Input json.RawMessage
-	// Tenant scopes the key. Defaults to "default".
-	Tenant string
-	// Traceparent is the W3C trace context of the creating request.
-	Traceparent string
-	// Wait bounds how long Start waits for the inline execution of a run
-	// it created. Zero waits until the execution concludes (or ctx ends); a
-	// negative wait returns once the run is claimed. Either way the
-	// execution is not cut short: it goes on in this client after Start
-	// returns.
-	Wait time.Duration
-	// ConcurrencyKey is the value that keys the run's concurrency, in
-	// place of the input field the workflow's Concurrency names (the
-	// group is still the workflow's); ConcurrencyLimit, if not zero, the
-	// limit in place of its. Either limits a workflow that declares no
-	// Concurrency, by its name. Neither is part of the request's
-	// fingerprint: a retry that names another key attaches to the run.
-	ConcurrencyKey   string
-	ConcurrencyLimit int
-	// Queue, if set, is the queue the run waits in before it starts, in
-	// place of the workflow's (WorkflowOpts.Queue); Priority its place
-	// there, higher first (runs of one priority start in creation order).
-	// A run in a queue executes nothing inline: Start returns it waiting.
-	// Neither is part of the request's fingerprint.
-	Queue    string
-	Priority int
+	// StartOpts are the options a start shares with the typed
+	// Workflow.Start: tenant, trace, wait, concurrency, queue.
+	StartOpts
 
 	// parent is the run a StartChild phase starts this one from.
 	parent string

@@ -269,27 +269,42 @@ type Result[Out any] struct {
 	Output Out
 }
 
-// StartOpts are options for Workflow.Start. A nil *StartOpts is valid.
+// StartOpts are the options of a start, one type for both ways in:
+// Workflow.Start takes them (a nil *StartOpts is valid) and StartParams
+// embeds them, so the typed start offers all that Client.Start does.
+// StartTx ignores Wait.
 type StartOpts struct {
 	// Tenant scopes the idempotency key. Defaults to "default".
 	Tenant string
-	// Traceparent is the W3C trace context of the request that creates the
-	// run, stored so that resumed executions link to it.
+	// Traceparent is the W3C trace context of the creating request.
 	Traceparent string
-	// Wait bounds how long Start waits for the run's execution, which goes
-	// on after Start returns (see StartParams.Wait). StartTx ignores it.
+	// Wait bounds how long Start waits for the inline execution of a run
+	// it created. Zero waits until the execution concludes (or ctx ends); a
+	// negative wait returns once the run is claimed. Either way the
+	// execution is not cut short: it goes on in this client after Start
+	// returns.
 	Wait time.Duration
-	// ConcurrencyKey and ConcurrencyLimit override the workflow's
-	// concurrency declaration for this run (see StartParams).
+	// ConcurrencyKey is the value that keys the run's concurrency, in
+	// place of the input field the workflow's Concurrency names (the
+	// group is still the workflow's); ConcurrencyLimit, if not zero, the
+	// limit in place of its. Either limits a workflow that declares no
+	// Concurrency, by its name. Neither is part of the request's
+	// fingerprint: a retry that names another key attaches to the run.
 	ConcurrencyKey   string
 	ConcurrencyLimit int
+	// Queue, if set, is the queue the run waits in before it starts, in
+	// place of the workflow's (WorkflowOpts.Queue); Priority its place
+	// there, higher first (runs of one priority start in creation order).
+	// A run in a queue executes nothing inline: Start returns it waiting.
+	// Neither is part of the request's fingerprint.
+	Queue    string
+	Priority int
 }
 
 func (o *StartOpts) params(name, key string, input []byte) StartParams {
 	p := StartParams{Workflow: name, IdempotencyKey: key, Input: input}
 	if o != nil {
-		p.Tenant, p.Traceparent, p.Wait = o.Tenant, o.Traceparent, o.Wait
-		p.ConcurrencyKey, p.ConcurrencyLimit = o.ConcurrencyKey, o.ConcurrencyLimit
+		p.StartOpts = *o
 	}
 	return p
 }

@@ -267,7 +267,7 @@ func helperMain() error {
 		return err
 	}
 	start := func(key string) {
-		res, err := w.Engine().Start(ctx, engine.StartParams{Workflow: "order", IdempotencyKey: key, Input: orderInput(key), Traceparent: os.Getenv("TRACEPARENT")})
+		res, err := w.Engine().Start(ctx, engine.StartParams{Workflow: "order", IdempotencyKey: key, Input: orderInput(key), StartOpts: engine.StartOpts{Traceparent: os.Getenv("TRACEPARENT")}})
 		switch {
 		case err != nil:
 			out(fmt.Sprintf("DONE %s error: %v", key, err))

@@ -174,7 +174,7 @@ func TestRunsShowAndWhyNameAConcurrencyKeyAndItsHoldersOrAQueue(t *testing.T) {
 	require.Contains(t, out, queued)
 	require.NotContains(t, out, holder)
 
-	res, err := s.engine.Start(ctx, engine.StartParams{Workflow: "order", IdempotencyKey: "in-queue", Input: []byte(`"fine"`), Queue: "ops", Priority: 2})
+	res, err := s.engine.Start(ctx, engine.StartParams{Workflow: "order", IdempotencyKey: "in-queue", Input: []byte(`"fine"`), StartOpts: engine.StartOpts{Queue: "ops", Priority: 2}})
 	require.NoError(t, err)
 	out, _, code = s.runs(t, "show", res.Run.ID)
 	require.Equal(t, 0, code)
