@@ -5,13 +5,18 @@
 // once the lease is stale, and asserts on the journal.
 //
 //	func TestRefund(t *testing.T) {
+//		ctx := context.Background()
 //		db := enginetest.New(t, nil)
 //		client := newClient(t, db.Pool) // the application's own set-up
-//		_, err := refund.Start(enginetest.CrashAfter(ctx, "refunded"), client, "r-1", in, nil)
-//		// err wraps enginetest.ErrCrashed; the run is leased to a "dead" process
-//		run, err := enginetest.Recover(ctx, otherClient, runID)
-//		enginetest.RequirePhases(t, otherClient, runID, "looked_up", "refunded", "reversed")
+//		res, err := refund.Start(enginetest.CrashAfter(ctx, "refunded"), client, "r-1", in, nil)
+//		// err wraps enginetest.ErrCrashed; the run is leased to a "dead" executor
+//		other := newClient(t, db.Pool) // another process, with the same workflows
+//		run, err := db.Recover(ctx, other, res.Run.ID)
+//		enginetest.RequirePhases(t, other, run.ID, "looked_up", "refunded", "reversed")
 //	}
+//
+// ExampleNewDatabase runs that sequence, and examples/refunds has a
+// workflow's tests written with the kit.
 //
 // Postgres is found through DATABASE_URL (any database of the server: the
 // kit creates and drops databases beside it, so the role needs CREATEDB),
