@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -58,7 +59,10 @@ type Config struct {
 	// PathPrefix mounts the API under a path, such as "/ratchet": every
 	// route, and every Location the API sends, begins with it. Serve the
 	// handler as is, without http.StripPrefix:
-	// mux.Handle("/ratchet/", h). Empty serves it at the root.
+	// mux.Handle("/ratchet/", h). Empty serves it at the root. A handler
+	// mounted with http.StripPrefix says so: with a PathPrefix, in the
+	// 404 every route then answers; without, in a warning logged once
+	// (its Locations lack the prefix).
 	PathPrefix string
 
 	// Ready reports whether the service can take requests (GET /readyz).
@@ -84,6 +88,7 @@ type Handler struct {
 	root      http.Handler // mux, traced and counted
 	tokens    []tokenHash
 	logger    *slog.Logger
+	stripWarn sync.Once
 	responses metric.Int64Counter
 
 	drainOnce sync.Once
@@ -206,18 +211,47 @@ const instrumentation = "github.com/ratchet-run/ratchet/api"
 // count serves a request and counts its response's status.
 func (h *Handler) count(w http.ResponseWriter, r *http.Request) {
 	sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+	stripped := strippedPrefix(r)
+	if stripped != "" && h.cfg.PathPrefix == "" {
+		h.stripWarn.Do(func() {
+			h.logger.WarnContext(r.Context(), "api: mounted with http.StripPrefix: the links it sends (Location, the page's) lack "+stripped+
+				"; serve the handler as is, mux.Handle(\""+stripped+"/\", h), with api.Config.PathPrefix \""+stripped+"\"",
+				slog.String("prefix", stripped))
+		})
+	}
 	if _, pattern := h.mux.Handler(r); pattern == "" {
-		unrouted(h.mux, sw, r)
+		if h.cfg.PathPrefix == "" {
+			stripped = "" // its routes matched nothing for another reason
+		}
+		unrouted(h.mux, sw, r, stripped)
 	} else {
 		h.mux.ServeHTTP(sw, r)
 	}
 	h.responses.Add(r.Context(), 1, metric.WithAttributes(attribute.Int("http.response.status_code", sw.status)))
 }
 
+// strippedPrefix is what a mount took off the request's path before the
+// handler saw it (http.StripPrefix changes URL.Path, not RequestURI), or
+// "".
+func strippedPrefix(r *http.Request) string {
+	if r.RequestURI == "" || r.RequestURI == "*" {
+		return ""
+	}
+	u, err := url.ParseRequestURI(r.RequestURI)
+	if err != nil {
+		return ""
+	}
+	full, seen := u.EscapedPath(), r.URL.EscapedPath()
+	if len(full) <= len(seen) || !strings.HasSuffix(full, seen) {
+		return ""
+	}
+	return strings.TrimSuffix(full[:len(full)-len(seen)], "/")
+}
+
 // unrouted answers a request that matches no route as the mux would (404,
 // or 405 with Allow), but as a problem like every other error, not the
 // mux's text/plain.
-func unrouted(mux *http.ServeMux, w http.ResponseWriter, r *http.Request) {
+func unrouted(mux *http.ServeMux, w http.ResponseWriter, r *http.Request, stripped string) {
 	answer := &capture{header: http.Header{}}
 	mux.ServeHTTP(answer, r)
 	if answer.status != http.StatusNotFound && answer.status != http.StatusMethodNotAllowed {
@@ -228,6 +262,12 @@ func unrouted(mux *http.ServeMux, w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", allow)
 	}
 	p := problem{Status: answer.status, Code: "not_found", Title: "No such resource"}
+	if stripped != "" {
+		// Every route begins with Config.PathPrefix, which the mount
+		// took off.
+		p.Detail = fmt.Sprintf("the API is mounted with http.StripPrefix(%q, ...), which takes off the PathPrefix its routes begin with: "+
+			"serve the handler as is, mux.Handle(%q, h)", stripped, stripped+"/")
+	}
 	if answer.status == http.StatusMethodNotAllowed {
 		p.Code, p.Title, p.Detail = "method_not_allowed", "Method not allowed", "allowed: "+answer.header.Get("Allow")
 	}
@@ -445,10 +485,18 @@ func (h *Handler) Drain() {
 
 // takeOver continues a run at once, on a context that outlives the
 // request (the engine's Shutdown hands the run over if need be). A run
-// someone else takes first is theirs: the error says so and is dropped.
+// someone else takes first is theirs; any other error is logged (the
+// run's state is the record, and a worker finds it due).
 func (h *Handler) takeOver(r *http.Request, runID string) {
 	ctx := context.WithoutCancel(r.Context())
-	go h.engine.TakeOver(ctx, runID) //nolint:errcheck // the run's state is the record
+	go func() {
+		_, err := h.engine.TakeOver(ctx, runID)
+		var held *engine.LeaseHeldError
+		if err != nil && !errors.As(err, &held) && !errors.Is(err, engine.ErrShutdown) {
+			h.logger.WarnContext(ctx, "api: continuing the run failed; a worker continues it when it is due",
+				slog.String("run_id", runID), slog.String("error", err.Error()))
+		}
+	}()
 }
 
 func (h *Handler) writeFinal(w http.ResponseWriter, run *engine.Run, replayed bool) {
