@@ -15,7 +15,7 @@ import (
 
 	"github.com/ratchet-run/ratchet/api"
 	"github.com/ratchet-run/ratchet/engine"
-	"github.com/ratchet-run/ratchet/steps"
+	"github.com/ratchet-run/ratchet/engine/enginetest"
 )
 
 func decode[T any](t *testing.T, r response) T {
@@ -275,7 +275,9 @@ func TestListFiltersValidateAndFindChildKeys(t *testing.T) {
 	got := decode[runJSON](t, b.do(t, http.MethodGet, "/v1/runs/"+run.ID, ""))
 	require.Len(t, got.Phases, 1)
 	childKey := *got.Phases[0].ChildKey
-	require.Equal(t, string(steps.ChildKey(engine.DefaultTenant, run.ID, "charged")), childKey)
+	stored, err := b.engine.GetRun(context.Background(), run.ID)
+	require.NoError(t, err)
+	require.Equal(t, enginetest.ChildKey(t, stored, "charged"), childKey)
 
 	list := decode[struct{ Data []runJSON }](t, b.do(t, http.MethodGet, "/v1/runs?child_key="+childKey, ""))
 	require.Len(t, list.Data, 1, "the child key finds the run that issued it")

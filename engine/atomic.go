@@ -410,18 +410,7 @@ func (ex *execution) breakOff(err error) error {
 // childKey derives the key of the run's step named name, in the run's
 // format.
 func (ex *execution) childKey(name string) (steps.Key, error) {
-	switch ex.run.KeyFormat {
-	case 3:
-		return steps.ChildKeyV3(ex.run.Tenant, ex.run.IdempotencyKey, name), nil
-	case 2:
-		key, err := steps.ChildKeyV2(ex.run.Tenant, ex.run.ID, name)
-		if err != nil {
-			return "", fmt.Errorf("engine: run %s: child key of %s: %w", ex.run.ID, name, err)
-		}
-		return key, nil
-	default:
-		return steps.ChildKey(ex.run.Tenant, ex.run.ID, name), nil
-	}
+	return ex.run.ChildKey(name)
 }
 
 func (ex *execution) phaseInfo(name string, kind PhaseKind, seq int, replayed bool, childKey string) PhaseInfo {

@@ -182,7 +182,7 @@ func TestEveryBlockedReasonFromARealSituation(t *testing.T) {
 	w = why(unknown.ID)
 	require.Equal(t, engine.BlockedNeedsReconciliation, w.Reason)
 	require.Equal(t, "charged", w.Phase)
-	require.Equal(t, string(steps.ChildKey("default", unknown.ID, "charged")), w.ChildKey)
+	require.Equal(t, childKey(t, unknown, "charged"), w.ChildKey)
 
 	b.gateway.SetFaults(fakes.Faults{RefundsDown: true})
 	compensating := b.start(t, ctx, "compensating", sagaOrder{Customer: "cus_1", RefuseLedger: true})

@@ -98,7 +98,7 @@ func TestAParentFansOutToChildrenAndAwaitsThemParked(t *testing.T) {
 		require.Equal(t, run.ID, *ch.ParentRunID)
 		require.Equal(t, engine.StatusPending, ch.Status, "started for a worker")
 	}
-	require.Equal(t, string(steps.ChildKey("default", run.ID, "ship-a")), children[0].IdempotencyKey, "a step's child key")
+	require.Equal(t, childKey(t, run, "ship-a"), children[0].IdempotencyKey, "a step's child key")
 
 	startRecoverer(t, c)
 	// The shipment of "held" awaits its signal: the order waits for it.

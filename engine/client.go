@@ -49,7 +49,9 @@ type Config struct {
 	HeartbeatInterval time.Duration
 
 	// KeyFormat is the format of the child keys of the runs this client
-	// creates: 1 (steps.ChildKey, the default), 2 (steps.ChildKeyV2, which
+	// creates: 0 (the default) for the database's (ratchet.settings: 3
+	// for a database whose schema this release created, 1 for one that
+	// existed before), 1 (steps.ChildKey), 2 (steps.ChildKeyV2, which
 	// names the run, so that finding the run behind a key needs no index of
 	// every key sent: less WAL and disk per run) or 3 (steps.ChildKeyV3,
 	// which names the request: a run whose creation a failover lost, made
@@ -157,9 +159,6 @@ func (c *Config) withDefaults() *Config {
 	if out.CommitWindow == 0 {
 		out.CommitWindow = DefaultCommitWindow
 	}
-	if out.KeyFormat == 0 {
-		out.KeyFormat = 1
-	}
 	if out.Logger == nil {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -176,8 +175,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("engine: Config.HeartbeatInterval %s must be positive and shorter than StaleAfter %s", c.HeartbeatInterval, c.StaleAfter)
 	case len(c.ID) > 255:
 		return errors.New("engine: Config.ID is longer than 255 bytes")
-	case c.KeyFormat < 1 || c.KeyFormat > 3:
-		return fmt.Errorf("engine: Config.KeyFormat %d: want 1, 2 or 3", c.KeyFormat)
+	case c.KeyFormat < 0 || c.KeyFormat > 3:
+		return fmt.Errorf("engine: Config.KeyFormat %d: want 1, 2 or 3, or 0 for the database's", c.KeyFormat)
 	case c.CommitWindow > time.Second:
 		return fmt.Errorf("engine: Config.CommitWindow %s is longer than a second", c.CommitWindow)
 	case c.MaxInline < 0:
@@ -309,4 +308,13 @@ func (c *Client) Ping(ctx context.Context) error {
 		return fmt.Errorf("engine: database: %w", err)
 	}
 	return migrations.Check(ctx, c.pool)
+}
+
+// keyFormat is the claim's key format argument: Config.KeyFormat, or nil
+// for the database's.
+func (c *Client) keyFormat() *int {
+	if c.cfg.KeyFormat == 0 {
+		return nil
+	}
+	return &c.cfg.KeyFormat
 }

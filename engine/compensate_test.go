@@ -142,9 +142,9 @@ func (b *sagaBundle) requireCompensated(t *testing.T, runID string, cause string
 	stats := b.gateway.Stats()
 	require.Equal(t, 1, stats.Charges)
 	require.Equal(t, 1, stats.Refunds, "exactly one refund")
-	undoKey := string(steps.ChildKey("default", runID, "undo:charge_created"))
+	undoKey := childKey(t, run, "undo:charge_created")
 	require.Equal(t, map[string]int{undoKey: 1}, stats.RefundsByKey, "under the undo's own child key")
-	require.NotContains(t, stats.RefundsByKey, string(steps.ChildKey("default", runID, "charge_created")))
+	require.NotContains(t, stats.RefundsByKey, childKey(t, run, "charge_created"))
 	require.Equal(t, 1, b.counter(t, "released"))
 	require.Equal(t, 0, b.counter(t, "posted"))
 }
@@ -163,7 +163,7 @@ func TestPermanentFailureBeforeThePivotCompensatesNewestFirst(t *testing.T) {
 	require.Equal(t, "account_closed", phases[2].Error.Code, "the refusal is journaled, so a replay takes the same branch")
 	require.Equal(t, engine.KindCompensation, phases[3].Kind)
 	require.JSONEq(t, `{"cause": {"code": "account_closed", "message": "the customer's ledger account is closed", "retryable": false}}`, string(phases[3].Output))
-	require.Equal(t, string(steps.ChildKey("default", run.ID, "undo:charge_created")), *phases[4].ChildKey)
+	require.Equal(t, childKey(t, run, "undo:charge_created"), *phases[4].ChildKey)
 
 	// The same key again is the stored result, not a second saga.
 	again, err := b.c.Start(ctx, engine.StartParams{Workflow: "order", IdempotencyKey: "o-1", Input: []byte(`{"customer": "cus_1", "refuse_ledger": true}`)})

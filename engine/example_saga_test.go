@@ -83,7 +83,11 @@ func ExampleAtomicOpts() {
 		log.Fatal(err)
 	}
 	fmt.Println(refused.Run.Status, refused.Run.Error.Code, undone.Compensated)
-	fmt.Println(len(refunds), refunds[0] == string(steps.ChildKey("default", refused.Run.ID, "undo:charge_created")))
+	undoKey, err := refused.Run.ChildKey("undo:charge_created")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(len(refunds), refunds[0] == string(undoKey))
 
 	kept, err := client.Start(ctx, engine.StartParams{Workflow: "payment", IdempotencyKey: "b", Input: []byte(`{"amount": 500, "customer": "cus_1"}`)})
 	if err != nil {

@@ -104,3 +104,20 @@ func constantRetry(d time.Duration) engine.RetryPolicy {
 	d = max(d, time.Nanosecond)
 	return engine.RetryPolicy{InitialInterval: d, MaxInterval: d, Multiplier: 1, Jitter: -1}
 }
+
+// childKey is the key the run's phase sends downstream, in the run's
+// format.
+func childKey(t *testing.T, run *engine.Run, phase string) string {
+	t.Helper()
+	key, err := run.ChildKey(phase)
+	require.NoError(t, err)
+	return string(key)
+}
+
+// childKeyOf is childKey for the run with id runID.
+func childKeyOf(t *testing.T, c *engine.Client, runID, phase string) string {
+	t.Helper()
+	run, err := c.GetRun(context.Background(), runID)
+	require.NoError(t, err)
+	return childKey(t, run, phase)
+}

@@ -60,7 +60,7 @@ func TestAnIndeterminateChargeIsReconciledNotRepeated(t *testing.T) {
 	require.Equal(t, engine.StatusSucceeded, res.Run.Status)
 	require.JSONEq(t, `"ch_000001"`, string(res.Run.Output), "the reconciled charge is the step's output")
 
-	key := string(steps.ChildKey("default", res.Run.ID, "charge_created"))
+	key := childKey(t, res.Run, "charge_created")
 	stats := b.gateway.Stats()
 	require.Equal(t, 1, stats.RequestsByKey[key], "zero second calls")
 	require.Equal(t, 1, stats.Charges)
@@ -89,7 +89,7 @@ func TestAResumePastTheKeyWindowReconcilesOrParksButNeverRepeatsBlindly(t *testi
 			w := run.WaitingFor
 			require.Equal(t, engine.KindReconcile, w.Kind)
 			require.Equal(t, "charge_created", w.Phase)
-			require.Equal(t, string(steps.ChildKey("default", run.ID, "charge_created")), w.ChildKey)
+			require.Equal(t, childKey(t, run, "charge_created"), w.ChildKey)
 			require.Equal(t, window, w.KeyWindow)
 			require.NotNil(t, w.FirstAttempt)
 			// The earliest it could have been sent: no earlier than the
@@ -120,7 +120,7 @@ func TestAResumePastTheKeyWindowReconcilesOrParksButNeverRepeatsBlindly(t *testi
 		want: func(t *testing.T, b *reconcileBundle, run *engine.Run) {
 			require.Equal(t, engine.StatusSucceeded, run.Status)
 			require.JSONEq(t, `"ch_000002"`, string(run.Output))
-			key := string(steps.ChildKey("default", run.ID, "charge_created"))
+			key := childKey(t, run, "charge_created")
 			require.Equal(t, 2, b.gateway.Stats().ChargesByKey[key], "the danger is real: one key, two charges")
 		},
 	}}

@@ -13,6 +13,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/ratchet-run/ratchet/internal/schema"
+	"github.com/ratchet-run/ratchet/steps"
 )
 
 // Status is a run's state.
@@ -342,4 +343,23 @@ func listPhases(ctx context.Context, db dbtx, runID string) ([]Phase, error) {
 		return nil, fmt.Errorf("engine: list phases: %w", err)
 	}
 	return phases, nil
+}
+
+// ChildKey is the child idempotency key the run's step (or undo, or
+// child) named phase sends downstream, in the run's key format
+// (KeyFormat): what a test, or an operator checking a downstream, looks
+// the call up by.
+func (r *Run) ChildKey(phase string) (steps.Key, error) {
+	switch r.KeyFormat {
+	case 3:
+		return steps.ChildKeyV3(r.Tenant, r.IdempotencyKey, phase), nil
+	case 2:
+		key, err := steps.ChildKeyV2(r.Tenant, r.ID, phase)
+		if err != nil {
+			return "", fmt.Errorf("engine: run %s: child key of %s: %w", r.ID, phase, err)
+		}
+		return key, nil
+	default:
+		return steps.ChildKey(r.Tenant, r.ID, phase), nil
+	}
 }

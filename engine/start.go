@@ -319,7 +319,7 @@ SELECT $1, $2, $3, $4, $5, $6, $7, nullif($8, ''),
 	CASE WHEN $9 THEN 1 ELSE 0 END,
 	CASE WHEN $9 THEN now() + $11::interval END,
 	CASE WHEN $9 THEN 1 ELSE 0 END,
-	$12::smallint, $13, $14, $15::text, $16::integer,
+	coalesce($12::smallint, (SELECT key_format FROM ratchet.settings), 1::smallint), $13, $14, $15::text, $16::integer,
 	CASE WHEN $15::text IS NOT NULL THEN jsonb_build_object('kind', 'queue', 'queue', $15::text) END,
 	nullif($17, '')
 ON CONFLICT DO NOTHING
@@ -335,7 +335,7 @@ type runPlace struct {
 
 func (c *Client) claimKey(ctx context.Context, db dbtx, def definition, p StartParams, input, fp []byte, lease bool, place runPlace) (*Run, bool, error) {
 	args := []any{ulid.Make().String(), p.Tenant, p.IdempotencyKey, def.Name(), def.version(), input, fp,
-		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter, c.cfg.KeyFormat, place.key, place.limit, place.queue, p.Priority, p.parent}
+		p.Traceparent, lease, c.cfg.ID, c.cfg.StaleAfter, c.keyFormat(), place.key, place.limit, place.queue, p.Priority, p.parent}
 	var (
 		run *Run
 		ok  bool

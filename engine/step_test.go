@@ -72,7 +72,7 @@ func TestStepSurvivesDroppedResponsesWithOneCharge(t *testing.T) {
 	span.End()
 	require.Equal(t, engine.StatusSucceeded, res.Run.Status, "error: %+v", res.Run.Error)
 
-	key := steps.ChildKey(engine.DefaultTenant, res.Run.ID, "charge_created")
+	key := steps.Key(childKey(t, res.Run, "charge_created"))
 	stats := gw.Stats()
 	require.Equal(t, 1, stats.Charges, "exactly one charge")
 	require.Equal(t, map[string]int{string(key): 1}, stats.ChargesByKey)
@@ -144,7 +144,7 @@ func TestStepRetriesExhaustedLeaveRunResumable(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, run.Status)
 	require.Equal(t, 1, gw.Stats().Charges)
-	key := string(steps.ChildKey(engine.DefaultTenant, res.Run.ID, "charge_created"))
+	key := childKey(t, res.Run, "charge_created")
 	require.Equal(t, 8, gw.Stats().RequestsByKey[key])
 }
 
@@ -190,7 +190,7 @@ func TestChildKeyFormatIsTheRunsOwn(t *testing.T) {
 	defer srv.Close()
 	workflows := engine.NewWorkflows()
 	registerPay(t, workflows, srv.URL, nil)
-	v1 := b.client(t, workflows, nil)
+	v1 := b.client(t, workflows, &engine.Config{KeyFormat: 1})
 	v2 := b.client(t, workflows, &engine.Config{KeyFormat: 2})
 	ctx := context.Background()
 
@@ -219,7 +219,7 @@ func TestChildKeyFormatIsTheRunsOwn(t *testing.T) {
 	run, err := v2.TakeOver(ctx, claimed.Run.ID)
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusSucceeded, run.Status)
-	old := steps.ChildKey(engine.DefaultTenant, run.ID, "charge_created")
+	old := steps.Key(childKey(t, run, "charge_created"))
 	require.Equal(t, 1, gw.Stats().ChargesByKey[string(old)])
 	listed, err = v2.ListRuns(ctx, engine.ListParams{ChildKey: string(old)})
 	require.NoError(t, err)

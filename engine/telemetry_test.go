@@ -140,7 +140,7 @@ func TestSpansOfAPaymentFormATree(t *testing.T) {
 	require.Equal(t, "succeeded", ra["ratchet.status"].AsString())
 	require.Equal(t, "started", ra["ratchet.recovery_point"].AsString())
 
-	childKey := string(steps.ChildKey(engine.DefaultTenant, res.Run.ID, "charge_created"))
+	childKey := childKey(t, res.Run, "charge_created")
 	for _, p := range []struct{ name, kind string }{{"payment_created", "atomic"}, {"charge_created", "step"}, {"ledger_posted", "atomic"}} {
 		s := o.span(t, "ratchet.phase "+p.name)
 		require.Equal(t, run.SpanContext().SpanID(), s.Parent().SpanID(), "phase %s is the run's child", p.name)

@@ -169,6 +169,14 @@ func applyRatchet(ctx context.Context, conn *pgx.Conn, all []Migration, keepComp
 	if err != nil {
 		return err
 	}
+	if len(applied) == 0 {
+		// A schema this call creates: migrations that choose defaults for
+		// a new database rather than an existing one read it (0022).
+		if _, err := conn.Exec(ctx, "SELECT set_config('ratchet.fresh_schema', 'on', false)"); err != nil {
+			return fmt.Errorf("migrations: mark a fresh schema: %w", err)
+		}
+		defer conn.Exec(context.WithoutCancel(ctx), "RESET ratchet.fresh_schema") //nolint:errcheck // a session setting of a pooled connection; nothing else reads it
+	}
 	for _, m := range all {
 		if applied[m.Version] {
 			continue

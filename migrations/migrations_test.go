@@ -231,3 +231,27 @@ func requireRefused(t *testing.T, pool *pgxpool.Pool, valid, breaking, rule stri
 	require.Equal(t, "23514", pgErr.Code, "%s: %v", rule, err)
 	require.Equal(t, rule, pgErr.ConstraintName, "%s: %v", rule, err)
 }
+
+// A schema Apply creates gets the strongest child-key format as the
+// database's default; one that existed before 0022 keeps format 1, which
+// every earlier release sent.
+func TestAFreshSchemaDefaultsToKeyFormat3AndAnExistingOneKeeps1(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.NewEmpty(t)
+	_, err := migrations.Apply(ctx, pool, nil)
+	require.NoError(t, err)
+	format := func() (f int) {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT key_format FROM ratchet.settings`).Scan(&f))
+		return f
+	}
+	require.Equal(t, 3, format())
+
+	// The same schema as a release before 0022 left it.
+	_, err = pool.Exec(ctx, `DROP TABLE ratchet.settings; DELETE FROM ratchet.schema_migrations WHERE version = 22`)
+	require.NoError(t, err)
+	res, err := migrations.Apply(ctx, pool, nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{"0022_key_format_default.sql"}, res.Applied)
+	require.Equal(t, 1, format())
+}

@@ -13,9 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/engine/enginetest"
 	"github.com/ratchet-run/ratchet/internal/fakes"
 	"github.com/ratchet-run/ratchet/internal/testdb"
-	"github.com/ratchet-run/ratchet/steps"
 )
 
 type testBundle struct {
@@ -146,12 +146,17 @@ func (b *testBundle) requireExactlyOnce(t *testing.T, keys ...string) {
 	t.Helper()
 	effects := b.effects(t)
 	stats := b.gateway.Stats()
+	// A client of no workflow, to read the runs with.
+	reader, err := engine.NewClient(b.pool, &engine.Config{Workflows: engine.NewWorkflows()})
+	require.NoError(t, err)
 	for _, key := range keys {
 		r := b.run(t, key)
 		require.Equal(t, "succeeded", r.Status, "run %s", key)
 		require.Equal(t, 1, effects[[2]string{key, "reserved"}], "reserved effects of %s", key)
 		require.Equal(t, 1, effects[[2]string{key, "posted"}], "posted effects of %s", key)
-		child := string(steps.ChildKey(engine.DefaultTenant, r.ID, "charged"))
+		run, err := reader.GetRun(context.Background(), r.ID)
+		require.NoError(t, err)
+		child := enginetest.ChildKey(t, run, "charged")
 		require.Equal(t, 1, stats.ChargesByKey[child], "charges of %s", key)
 	}
 }

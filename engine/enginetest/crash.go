@@ -75,3 +75,15 @@ func RequireStatus(tb testing.TB, c *engine.Client, runID string, want engine.St
 	}
 	return run
 }
+
+// ChildKey is the child key the run's step (or undo) named phase sends
+// downstream, in the run's key format: what a fake downstream recorded
+// the call under.
+func ChildKey(tb testing.TB, run *engine.Run, phase string) string {
+	tb.Helper()
+	key, err := run.ChildKey(phase)
+	if err != nil {
+		tb.Fatalf("enginetest: %v", err)
+	}
+	return string(key)
+}

@@ -17,11 +17,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratchet-run/ratchet/engine"
+	"github.com/ratchet-run/ratchet/engine/enginetest"
 	"github.com/ratchet-run/ratchet/examples/payments"
 	"github.com/ratchet-run/ratchet/internal/fakes"
 	"github.com/ratchet-run/ratchet/internal/testdb"
 	"github.com/ratchet-run/ratchet/internal/testproc"
-	"github.com/ratchet-run/ratchet/steps"
 	"github.com/ratchet-run/ratchet/worker"
 )
 
@@ -347,7 +347,7 @@ func TestALedgerRefusalAfterTheChargeRefundsItOnce(t *testing.T) {
 	stats := b.gateway.Stats()
 	require.Equal(t, 1, stats.Charges)
 	require.Equal(t, map[string]int{"ch_000001": 1}, stats.RefundsByCharge, "refunded once")
-	require.Equal(t, 1, stats.RefundsByKey[string(steps.ChildKey("default", run.ID, "undo:charge_created"))])
+	require.Equal(t, 1, stats.RefundsByKey[enginetest.ChildKey(t, run, "undo:charge_created")])
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM payments.ledger_entries`))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM payments.payments WHERE status = 'refused' AND charge_id = 'ch_000001'`))
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM ratchet.river_job WHERE kind = 'payments.receipt'`), "no receipt")
@@ -365,7 +365,7 @@ func TestALostChargeAnswerIsReconciled(t *testing.T) {
 	b.gateway.SetFaults(fakes.Faults{DropAfter: 1})
 	run := pay(t, b.inlineClient(t), "order-1", card)
 	require.Equal(t, engine.StatusSucceeded, run.Status, "%+v", run.Error)
-	key := string(steps.ChildKey("default", run.ID, "charge_created"))
+	key := enginetest.ChildKey(t, run, "charge_created")
 	stats := b.gateway.Stats()
 	require.Equal(t, 1, stats.RequestsByKey[key], "sent once")
 	require.Equal(t, 1, stats.ReconcileQueries)

@@ -17,7 +17,6 @@ import (
 	"github.com/ratchet-run/ratchet/examples/payouts"
 	"github.com/ratchet-run/ratchet/internal/fakes"
 	"github.com/ratchet-run/ratchet/recovery"
-	"github.com/ratchet-run/ratchet/steps"
 	"github.com/ratchet-run/ratchet/worker"
 )
 
@@ -104,7 +103,7 @@ func TestPayoutAwaitsTheBanksWebhook(t *testing.T) {
 			}
 			run, err := w.Engine().GetRun(ctx, started.ID)
 			require.NoError(t, err)
-			key := string(steps.ChildKey(run.Tenant, run.ID, "transfer_requested"))
+			key := enginetest.ChildKey(t, run, "transfer_requested")
 			require.Equal(t, map[string]int{key: 1}, bank.Stats().TransfersByKey, "one transfer, under the step's child key")
 			var recorded int
 			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM payouts.payouts`).Scan(&recorded))

@@ -135,7 +135,7 @@ func (b *bundle) requireRecordedOnce(t *testing.T, run *engine.Run, amount int64
 	t.Helper()
 	calls, made := b.gateway.stats()
 	require.Equal(t, 1, made, "one refund at the gateway")
-	key := string(steps.ChildKey(run.Tenant, run.ID, "refund_created"))
+	key := enginetest.ChildKey(t, run, "refund_created")
 	require.Contains(t, calls, key, "sent with the step's child key")
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM refunds.ledger_entries`))
 	require.Equal(t, 0, b.count(t, `SELECT coalesce(sum(amount), 0) FROM refunds.ledger_entries`), "the reversal balances")
@@ -158,7 +158,7 @@ func TestRefundReversesTheLedgerAndNotifiesOnce(t *testing.T) {
 	require.Equal(t, 3, journal[1].Attempts, "two 503s, then the refund")
 	b.requireRecordedOnce(t, res.Run, 1500)
 	calls, _ := b.gateway.stats()
-	require.Equal(t, map[string]int{string(steps.ChildKey(res.Run.Tenant, res.Run.ID, "refund_created")): 3}, calls)
+	require.Equal(t, map[string]int{enginetest.ChildKey(t, res.Run, "refund_created"): 3}, calls)
 
 	select {
 	case key := <-b.notices:
